@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// Conversion between `attnkit::TensorView` and DLPack's `DLTensor` (dmlc/dlpack).
+///
+/// DLPack strides and shapes are in elements, as ours are; a `DLTensor` with null `strides`
+/// is C-contiguous. `byte_offset` is folded into the view's data pointer.
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include "attnkit/tensor.hpp"
+
+namespace attnkit {
+
+/// A view of `t`'s memory.
+/// \throws Error(kDType) for element types attnkit does not know (complex, uint8, bool, ...);
+///         Error(kDevice) for devices other than CPU, CUDA and CUDA host memory;
+///         Error(kShape) for more than kMaxDims dimensions.
+TensorView from_dlpack(const DLTensor& t);
+
+/// A `DLTensor` describing `view`. Its `shape` and `strides` point into `view`, which must
+/// outlive the result.
+DLTensor to_dlpack(TensorView& view);
+
+}  // namespace attnkit

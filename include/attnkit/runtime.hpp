@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// Process-wide settings and build information.
+#pragma once
+
+#include <string>
+
+namespace attnkit {
+
+/// Threads the CPU backend uses (the caller's thread included). Initially the value of the
+/// environment variable `ATTNKIT_NUM_THREADS` when it is a positive integer, else the number
+/// of hardware threads.
+int num_threads() noexcept;
+
+/// Resizes the CPU thread pool. `n >= 1`.
+/// \throws Error(kValue) for n < 1.
+void set_num_threads(int n);
+
+/// True when this build contains the CUDA backend.
+bool cuda_available_in_build() noexcept;
+
+/// One line per fact: version, compiler, CUDA targets compiled in, CUDA devices visible and
+/// the variant each would run.
+std::string build_info();
+
+}  // namespace attnkit

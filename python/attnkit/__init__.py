@@ -1,0 +1,35 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnkit: the kernels that sparse and linear attention need around the attention kernel.
+
+Ops take NumPy arrays (bfloat16 through ``ml_dtypes``), torch tensors (CPU or CUDA) or any
+DLPack tensor, and return the caller's array type. ``import attnkit.torch`` registers them as
+``torch.ops.attnkit.*`` for ``torch.compile`` and CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from . import _ext
+from .topk import topk
+
+__version__ = "0.1.0"
+__all__ = ["topk", "num_threads", "set_num_threads", "info", "cuda_available"]
+
+
+def num_threads() -> int:
+    """Threads the CPU backend uses (``ATTNKIT_NUM_THREADS`` or all hardware threads)."""
+    return _ext.num_threads()
+
+
+def set_num_threads(n: int) -> None:
+    """Resizes the CPU thread pool; ``n >= 1``. Raises ValueError otherwise."""
+    _ext.set_num_threads(int(n))
+
+
+def info() -> str:
+    """Build information: version, compiler, CPU threads, CUDA targets and visible devices."""
+    return _ext.build_info()
+
+
+def cuda_available() -> bool:
+    """True when this build has the CUDA backend (a GPU may still be absent)."""
+    return _ext.cuda_available_in_build()

@@ -1,0 +1,155 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Adapters between the caller's array framework and attnkit's extension module.
+
+NumPy arrays and torch tensors are handed to C++ as raw views ``(data_ptr, shape, strides,
+dtype_code, device_type, device_index)``: cheaper than DLPack, with no stream handshake and no
+refusal of tensors that require grad. Any other DLPack producer (CuPy, JAX, ...) goes through
+nanobind's DLPack import. Outputs are allocated by the caller's framework, on the caller's
+device, so results come back zero-copy in the caller's type.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+# attnkit::DType enumerators, in order.
+DTYPE_NAMES = (
+    "float32", "bfloat16", "float16", "int32", "int64", "float64",
+    "int8", "uint8", "int16", "uint16", "uint32", "uint64", "bool",
+)
+DTYPE_CODES = {name: i for i, name in enumerate(DTYPE_NAMES)}
+
+_NUMPY_DTYPES = {
+    "float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16), "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
+    "float64": np.dtype(np.float64), "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8),
+    "int16": np.dtype(np.int16), "uint16": np.dtype(np.uint16), "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
+}
+_NUMPY_NAMES = {dt: name for name, dt in _NUMPY_DTYPES.items()}
+
+
+def _torch():
+    """torch if it is already imported (attnkit never imports it on its own)."""
+    return sys.modules.get("torch")
+
+
+def is_torch(a: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical name of a dtype given as a string, a NumPy dtype or a torch dtype."""
+    if isinstance(dtype, str):
+        if dtype in DTYPE_CODES:
+            return dtype
+        raise TypeError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+    torch = _torch()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        name = str(dtype).removeprefix("torch.")
+        if name in DTYPE_CODES:
+            return name
+        raise TypeError(f"dtype {dtype} has no attnkit equivalent")
+    try:
+        return _NUMPY_NAMES[np.dtype(dtype)]
+    except (TypeError, KeyError):
+        raise TypeError(f"dtype {dtype!r} has no attnkit equivalent") from None
+
+
+def array_dtype_name(a: Any) -> str:
+    if isinstance(a, np.ndarray):
+        return dtype_name(a.dtype)
+    if is_torch(a):
+        return dtype_name(a.dtype)
+    return dtype_name(getattr(a, "dtype", None))
+
+
+def raw_view(a: Any, name: str) -> Any:
+    """What the extension takes for array `a`: a raw-view tuple, or `a` itself for DLPack."""
+    if isinstance(a, np.ndarray):
+        try:
+            code = DTYPE_CODES[_NUMPY_NAMES[a.dtype]]
+        except KeyError:
+            raise TypeError(f"{name}.dtype = {a.dtype}; attnkit has no such dtype") from None
+        item = a.dtype.itemsize
+        if any(s % item for s in a.strides):
+            raise ValueError(f"{name} has byte strides {a.strides} that are not multiples of its "
+                             f"itemsize {item}")
+        return (a.__array_interface__["data"][0], a.shape,
+                tuple(s // item for s in a.strides), code, 0, 0)
+    if is_torch(a):
+        try:
+            code = DTYPE_CODES[str(a.dtype).removeprefix("torch.")]
+        except KeyError:
+            raise TypeError(f"{name}.dtype = {a.dtype}; attnkit has no such dtype") from None
+        dev = a.device
+        if dev.type == "cpu":
+            device_type, index = 0, 0
+        elif dev.type == "cuda":
+            device_type, index = 1, dev.index if dev.index is not None else 0
+        else:
+            raise ValueError(f"{name} is on device {dev}; attnkit runs on cpu and cuda tensors")
+        return (a.data_ptr(), tuple(a.shape), tuple(a.stride()), code, device_type, index)
+    return a
+
+
+def device_of(a: Any) -> tuple[str, int]:
+    """("cpu", 0) or ("cuda", index)."""
+    if isinstance(a, np.ndarray):
+        return ("cpu", 0)
+    if is_torch(a):
+        return (a.device.type, a.device.index or 0)
+    dl = getattr(a, "__dlpack_device__", None)
+    if dl is not None:
+        kind, index = dl()
+        return ("cuda", int(index)) if int(kind) == 2 else ("cpu", 0)
+    return ("cpu", 0)
+
+
+def empty(ref: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    """An uninitialised array of `shape` and `dtype` in ref's framework and on ref's device."""
+    if is_torch(ref):
+        torch = _torch()
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
+    module = type(ref).__module__.split(".")[0]
+    if module == "cupy":
+        import cupy
+
+        return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+    if device_of(ref)[0] != "cpu":
+        raise ValueError(f"attnkit cannot allocate outputs for a {type(ref).__name__} on "
+                         f"{device_of(ref)}; pass out_values/out_indices")
+    return np.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+
+
+def to_caller(result: Any, ref: Any) -> Any:
+    """`result` (allocated by `empty`) in ref's framework: unchanged for NumPy, torch and CuPy;
+    converted for other frameworks that only lent their arrays through DLPack (e.g. JAX)."""
+    if isinstance(ref, np.ndarray) or is_torch(ref) or isinstance(result, type(ref)):
+        return result
+    module = type(ref).__module__.split(".")[0]
+    if module in ("jax", "jaxlib"):
+        import jax.numpy as jnp
+
+        return jnp.asarray(result)
+    return result
+
+
+def current_stream(ref: Any) -> int:
+    """The CUDA stream the caller's framework is using for ref's device (0 on the CPU)."""
+    kind, index = device_of(ref)
+    if kind != "cuda":
+        return 0
+    if is_torch(ref):
+        torch = _torch()
+        return torch.cuda.current_stream(index).cuda_stream
+    if type(ref).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return 0

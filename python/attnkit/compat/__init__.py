@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Drop-in replacements that keep a peer library's exact signature."""

@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DeepSelect's ``deep_select.topk`` signature and defaults, on attnkit.
+
+Switch with one import::
+
+    from attnkit.compat.deep_select import topk
+
+Differences: none in results for inputs DeepSelect accepts, except that ties resolve to the
+lowest indices. DeepSelect's limits are lifted: any k >= 0, any N < 2^31, float16 as well,
+any row stride and alignment, ``end`` checked, and a NaN with ``abort_when_nan_found=True``
+raises ValueError instead of trapping the CUDA context. ``begin`` and ``hint`` are accepted
+(``hint`` is ignored).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from ..topk import topk as _topk
+
+
+def topk(
+    input: Any,
+    topk: int,
+    sorted: bool = False,
+    begin: Any = None,
+    end: Any = None,
+    indices_type: Any = None,
+    sorted_index: bool = False,
+    hint: Any = None,
+    output_idx: Any = None,
+    output_idx_offset: Any = None,
+    idx_oob_fill_value: int = 2147483647,
+    value_oob_fill_value: float = float("-inf"),
+    return_value: bool = True,
+    abort_when_nan_found: bool = True,
+) -> Tuple[Optional[Any], Any]:
+    """DeepSelect-compatible top-k (largest), returning ``(values or None, indices)``.
+
+    ``sorted`` orders by value (descending); ``sorted_index`` by ascending index; the two are
+    exclusive as in DeepSelect. ``indices_type`` defaults to int64. See ``attnkit.topk``.
+    """
+    if sorted and sorted_index:
+        raise ValueError("topk: sorted and sorted_index cannot both be True")
+    del hint
+    order = "value" if sorted else ("index" if sorted_index else "none")
+    return _topk(
+        input, topk, largest=True, sorted=order, begin=begin, end=end,
+        indices_dtype=indices_type if indices_type is not None else "int64",
+        return_values=return_value, out_indices=output_idx, index_offset=output_idx_offset,
+        index_fill=idx_oob_fill_value, value_fill=value_oob_fill_value,
+        nan="raise" if abort_when_nan_found else "largest")

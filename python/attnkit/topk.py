@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Row-wise top-k selection (the DSA Lightning Indexer's and the sampler's top-k)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple, Union
+
+from . import _arrays
+from . import _ext
+
+_ORDERS = {"none": 0, "index": 1, "value": 2, False: 0, True: 2}
+_NANS = {"largest": 0, "ignore": 1, "raise": 2}
+_TIES = {"lowest_index": 0, "any": 1}
+_BACKENDS = {"auto": 0, "reference": 1}
+_CHECKS = {None: 0, True: 1, False: 2}
+
+
+def _choice(name: str, value: Any, table: dict) -> int:
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        allowed = ", ".join(repr(k) for k in table if k is not None)
+        raise ValueError(f"topk: {name} = {value!r}; expected one of {allowed}") from None
+
+
+def topk(
+    x: Any,
+    k: int,
+    *,
+    largest: bool = True,
+    sorted: Union[str, bool] = "none",
+    begin: Any = None,
+    end: Any = None,
+    indices_dtype: Any = "int64",
+    return_values: bool = True,
+    out_values: Any = None,
+    out_indices: Any = None,
+    index_offset: Any = None,
+    index_fill: int = -1,
+    value_fill: Optional[float] = None,
+    nan: str = "largest",
+    ties: str = "lowest_index",
+    check: Optional[bool] = None,
+    backend: str = "auto",
+) -> Tuple[Any, Any]:
+    """The k best elements of each row of ``x``, with their column indices.
+
+    Parameters
+    ----------
+    x : array, shape [B, N] or [N]
+        float32, bfloat16 or float16; a NumPy array (bfloat16 through ``ml_dtypes``), a torch
+        tensor on CPU or CUDA, or any DLPack tensor. The last dimension must be contiguous; the
+        row stride and the alignment are free.
+    k : int
+        Elements per row, ``k >= 0``. May exceed a row's valid length: the valid elements fill
+        the first slots and the rest is padding.
+    largest : bool
+        Select the largest (default) or the smallest values.
+    sorted : {"none", "index", "value"} or bool
+        Order of each output row: "none" (unspecified but deterministic; currently ascending
+        column), "index" (ascending column), "value" (best first, ties by ascending column).
+        ``True`` means "value" and ``False`` "none", as in ``torch.topk``.
+    begin, end : array of shape [B], int32 or int64, optional
+        Row b's valid range is ``[begin[b], end[b])`` (defaults 0 and N), on x's device.
+    indices_dtype : "int32" or "int64" (or the NumPy/torch dtype)
+        Dtype of the returned indices when ``out_indices`` is not given.
+    return_values : bool
+        Return the values too (default). With False the first result is None.
+    out_values, out_indices : array of shape [B, k], optional
+        Caller buffers written in place (any row stride, last dimension contiguous).
+    index_offset : array of shape [B], int32 or int64, optional
+        Added to every returned index of row b (not to padding).
+    index_fill : int
+        Index written to padding slots (default -1).
+    value_fill : float, optional
+        Value written to padding slots (default -inf when ``largest``, +inf otherwise).
+    nan : {"largest", "ignore", "raise"}
+        "largest" ranks NaN above +inf (``torch.topk``'s order); "ignore" never selects NaN;
+        "raise" raises if a valid range holds a NaN (on CUDA after the kernel: one sync).
+    ties : {"lowest_index", "any"}
+        Among elements equal to the k-th, keep those with the lowest column ("lowest_index",
+        the first k of a stable sort), or any of them ("any").
+    check : bool, optional
+        Validate ``begin``/``end``/``index_offset`` values and raise on bad ones. Default: on
+        for CPU tensors, off for CUDA tensors (where it costs one sync); when off, kernels clamp
+        them so that no access is out of bounds.
+    backend : {"auto", "reference"}
+        "reference" runs the plain CPU reference (a stable sort per row), for testing.
+
+    Returns
+    -------
+    values : array [B, k] of x's dtype, or None
+        The selected values, bit-identical to the input elements.
+    indices : array [B, k] of ``indices_dtype``
+        Their column indices (plus ``index_offset``).
+
+    Raises
+    ------
+    ValueError
+        Bad shapes, negative k, out-of-range ``begin``/``end``/``index_offset`` (when checked),
+        overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options.
+    TypeError
+        Unsupported dtypes.
+    RuntimeError
+        A CUDA runtime failure.
+
+    Notes
+    -----
+    Semantics follow ``torch.topk`` (NaN order, ``largest``, ``sorted``) and DeepSelect
+    (``end``, ``index_offset``, fills, ``return_values``, index-sorted output), with DeepSelect's
+    limits lifted: any k, any N up to 2^31 - 1, any stride, checked ``end``, no trap on NaN.
+    The output is deterministic. With torch tensors the op runs on torch's current CUDA stream;
+    inside ``torch.compile`` it dispatches to ``torch.ops.attnkit.topk``
+    (see ``attnkit.torch``). Algorithm and measured speed: docs/topk.md.
+
+    Examples
+    --------
+    >>> import numpy as np, attnkit
+    >>> x = np.array([[0.5, 3.0, -1.0, 3.0, 2.0]], dtype=np.float32)
+    >>> values, indices = attnkit.topk(x, 3, sorted="value")
+    >>> values.tolist(), indices.tolist()
+    ([[3.0, 3.0, 2.0]], [[1, 3, 4]])
+
+    See Also
+    --------
+    torch.topk, numpy.argpartition
+    """
+    if _arrays.is_torch(x):
+        import torch
+
+        if torch.compiler.is_compiling():
+            from . import torch as _torch_ops  # noqa: F401  (registers torch.ops.attnkit)
+
+            return _torch_ops._compiled_topk(
+                x, k, largest=largest, sorted=sorted, begin=begin, end=end,
+                indices_dtype=indices_dtype, return_values=return_values, out_values=out_values,
+                out_indices=out_indices, index_offset=index_offset, index_fill=index_fill,
+                value_fill=value_fill, nan=nan, ties=ties, check=check)
+
+    order = _choice("sorted", sorted, _ORDERS)
+    nan_code = _choice("nan", nan, _NANS)
+    ties_code = _choice("ties", ties, _TIES)
+    check_code = _choice("check", check, _CHECKS)
+    backend_code = _choice("backend", backend, _BACKENDS)
+    k = int(k)
+
+    shape = tuple(getattr(x, "shape", ()))
+    # A negative k still allocates (empty) outputs so that the C++ check reports it by name.
+    out_shape = (*shape[:-1], max(k, 0)) if len(shape) >= 1 else (max(k, 0),)
+    if out_indices is None:
+        out_indices = _arrays.empty(x, out_shape, _arrays.dtype_name(indices_dtype))
+        made_indices = True
+    else:
+        made_indices = False
+    if out_values is None and return_values:
+        out_values = _arrays.empty(x, out_shape, _arrays.array_dtype_name(x))
+        made_values = True
+    else:
+        made_values = False
+
+    args = (
+        _arrays.raw_view(x, "x"),
+        _arrays.raw_view(out_indices, "out_indices"),
+        None if out_values is None else _arrays.raw_view(out_values, "out_values"),
+        None if begin is None else _arrays.raw_view(begin, "begin"),
+        None if end is None else _arrays.raw_view(end, "end"),
+        None if index_offset is None else _arrays.raw_view(index_offset, "index_offset"),
+        k, bool(largest), order, nan_code, ties_code, int(index_fill),
+        None if value_fill is None else float(value_fill), check_code, backend_code,
+    )
+    workspace = None
+    if _arrays.is_torch(x) and x.device.type == "cuda":
+        # Scratch from torch's caching allocator: stream-ordered and safe in CUDA graphs.
+        size = _ext.topk_workspace_size(*args)
+        if size:
+            import torch
+
+            workspace = _arrays.raw_view(
+                torch.empty(size + 256, dtype=torch.uint8, device=x.device), "workspace")
+            workspace = _aligned(workspace)
+    _ext.topk(*args, workspace, _arrays.current_stream(x))
+
+    values = out_values if return_values else None
+    if made_values:
+        values = _arrays.to_caller(values, x)
+    indices = _arrays.to_caller(out_indices, x) if made_indices else out_indices
+    return values, indices
+
+
+def _aligned(view: tuple) -> tuple:
+    """The 256-byte aligned part of a raw uint8 view (torch's allocations are 512-aligned, but
+    a caller may hand any offset)."""
+    ptr, shape, strides, code, dev, index = view
+    pad = (-ptr) % 256
+    return (ptr + pad, (shape[0] - pad,), strides, code, dev, index)

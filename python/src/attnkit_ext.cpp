@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: Apache-2.0
+// nanobind module attnkit._ext: declarations and argument conversion only. The Python API with
+// its docstrings is python/attnkit/*.py; checks and computation live in the C++ library.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "attnkit/attnkit.hpp"
+#include "baselines.hpp"
+
+namespace nb = nanobind;
+using attnkit::DType;
+using attnkit::TensorView;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Python objects -> TensorView
+// ---------------------------------------------------------------------------------------------
+
+/// A "raw view" tuple (data_ptr, shape, strides_in_elements, dtype_code, device_type,
+/// device_index), built by attnkit._arrays for NumPy arrays and torch tensors: cheaper than
+/// DLPack and free of DLPack's stream handshake and requires_grad refusal.
+TensorView view_from_tuple(const nb::tuple& t) {
+  TensorView v;
+  v.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(t[0]));
+  const nb::tuple shape = nb::cast<nb::tuple>(t[1]);
+  const nb::tuple strides = nb::cast<nb::tuple>(t[2]);
+  if (shape.size() > static_cast<std::size_t>(attnkit::kMaxDims)) {
+    throw attnkit::Error(attnkit::ErrorCode::kShape,
+                         "array with " + std::to_string(shape.size()) + " dimensions; at most " +
+                             std::to_string(attnkit::kMaxDims) + " are supported");
+  }
+  v.ndim = static_cast<std::int32_t>(shape.size());
+  for (int d = 0; d < v.ndim; ++d) {
+    v.shape[d] = nb::cast<std::int64_t>(shape[static_cast<std::size_t>(d)]);
+    v.strides[d] = nb::cast<std::int64_t>(strides[static_cast<std::size_t>(d)]);
+  }
+  v.dtype = static_cast<DType>(nb::cast<int>(t[3]));
+  v.device.type = nb::cast<int>(t[4]) == 0 ? attnkit::DeviceType::kCPU : attnkit::DeviceType::kCUDA;
+  v.device.index = nb::cast<int>(t[5]);
+  return v;
+}
+
+DType dtype_from_nb(nb::dlpack::dtype d) {
+  using Code = nb::dlpack::dtype_code;
+  if (d.lanes == 1) {
+    const auto code = static_cast<Code>(d.code);
+    if (code == Code::Float && d.bits == 32) return DType::kFloat32;
+    if (code == Code::Bfloat && d.bits == 16) return DType::kBFloat16;
+    if (code == Code::Float && d.bits == 16) return DType::kFloat16;
+    if (code == Code::Float && d.bits == 64) return DType::kFloat64;
+    if (code == Code::Int && d.bits == 32) return DType::kInt32;
+    if (code == Code::Int && d.bits == 64) return DType::kInt64;
+    if (code == Code::Int && d.bits == 8) return DType::kInt8;
+    if (code == Code::Int && d.bits == 16) return DType::kInt16;
+    if (code == Code::UInt && d.bits == 8) return DType::kUInt8;
+    if (code == Code::UInt && d.bits == 16) return DType::kUInt16;
+    if (code == Code::UInt && d.bits == 32) return DType::kUInt32;
+    if (code == Code::UInt && d.bits == 64) return DType::kUInt64;
+    if (code == Code::Bool) return DType::kBool;
+  }
+  throw attnkit::Error(attnkit::ErrorCode::kDType,
+                       "DLPack dtype (code " + std::to_string(d.code) + ", bits " +
+                           std::to_string(d.bits) + ") has no attnkit dtype");
+}
+
+/// Any DLPack producer (CuPy, JAX, ...) or buffer-protocol object, through nanobind.
+TensorView view_from_dlpack(nb::handle obj, const char* name) {
+  nb::ndarray<> a;
+  if (!nb::try_cast(obj, a)) {
+    throw nb::type_error((std::string(name) + " is a " +
+                          nb::cast<std::string>(nb::str(obj.type())) +
+                          "; expected an array or tensor supporting DLPack")
+                             .c_str());
+  }
+  TensorView v;
+  v.data = a.data();
+  v.dtype = dtype_from_nb(a.dtype());
+  if (a.device_type() == nb::device::cuda::value) {
+    v.device = {attnkit::DeviceType::kCUDA, a.device_id()};
+  } else if (a.device_type() == nb::device::cpu::value ||
+             a.device_type() == nb::device::cuda_host::value) {
+    v.device = {attnkit::DeviceType::kCPU, 0};
+  } else {
+    throw attnkit::Error(attnkit::ErrorCode::kDevice,
+                         std::string(name) + " is on DLPack device type " +
+                             std::to_string(a.device_type()) + "; expected CPU or CUDA");
+  }
+  v.ndim = static_cast<std::int32_t>(a.ndim());
+  for (int d = 0; d < v.ndim; ++d) {
+    v.shape[d] = static_cast<std::int64_t>(a.shape(static_cast<std::size_t>(d)));
+    v.strides[d] = a.stride(static_cast<std::size_t>(d));
+  }
+  return v;
+}
+
+TensorView to_view(nb::handle obj, const char* name) {
+  if (nb::isinstance<nb::tuple>(obj)) return view_from_tuple(nb::borrow<nb::tuple>(obj));
+  return view_from_dlpack(obj, name);
+}
+
+std::optional<TensorView> to_optional_view(nb::handle obj, const char* name) {
+  if (obj.is_none()) return std::nullopt;
+  return to_view(obj, name);
+}
+
+cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// ---------------------------------------------------------------------------------------------
+// topk
+// ---------------------------------------------------------------------------------------------
+
+attnkit::TopkTensors topk_tensors(nb::handle x, nb::handle out_indices, nb::handle out_values,
+                                  nb::handle begin, nb::handle end, nb::handle index_offset) {
+  attnkit::TopkTensors t;
+  t.x = to_view(x, "x");
+  t.out_indices = to_view(out_indices, "out_indices");
+  t.out_values = to_optional_view(out_values, "out_values");
+  t.begin = to_optional_view(begin, "begin");
+  t.end = to_optional_view(end, "end");
+  t.index_offset = to_optional_view(index_offset, "index_offset");
+  return t;
+}
+
+attnkit::TopkOptions topk_options(std::int64_t k, bool largest, int sorted, int nan, int ties,
+                                  std::int64_t index_fill, std::optional<double> value_fill,
+                                  int check, int backend) {
+  attnkit::TopkOptions o;
+  o.k = k;
+  o.largest = largest;
+  o.sorted = static_cast<attnkit::TopkOrder>(sorted);
+  o.nan = static_cast<attnkit::NanPolicy>(nan);
+  o.ties = static_cast<attnkit::TiePolicy>(ties);
+  o.index_fill = index_fill;
+  o.value_fill = value_fill;
+  o.check = static_cast<attnkit::CheckMode>(check);
+  o.backend = static_cast<attnkit::TopkBackend>(backend);
+  return o;
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const attnkit::Error& e) {
+      switch (e.code()) {
+        case attnkit::ErrorCode::kDType: PyErr_SetString(PyExc_TypeError, e.what()); break;
+        case attnkit::ErrorCode::kDeviceFault:
+        case attnkit::ErrorCode::kInternal: PyErr_SetString(PyExc_RuntimeError, e.what()); break;
+        default: PyErr_SetString(PyExc_ValueError, e.what()); break;
+      }
+    }
+  });
+
+  m.def(
+      "topk",
+      [](nb::handle x, nb::handle out_indices, nb::handle out_values, nb::handle begin,
+         nb::handle end, nb::handle index_offset, std::int64_t k, bool largest, int sorted,
+         int nan, int ties, std::int64_t index_fill, std::optional<double> value_fill, int check,
+         int backend, nb::handle workspace, std::uintptr_t stream) {
+        const attnkit::TopkTensors t =
+            topk_tensors(x, out_indices, out_values, begin, end, index_offset);
+        const attnkit::TopkOptions o =
+            topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend);
+        const std::optional<TensorView> ws = to_optional_view(workspace, "workspace");
+        nb::gil_scoped_release release;
+        if (ws) {
+          std::size_t bytes = static_cast<std::size_t>(ws->numel());
+          attnkit::topk(ws->data, bytes, t, o, as_stream(stream));
+        } else {
+          attnkit::topk(t, o, as_stream(stream));
+        }
+      },
+      nb::arg("x"), nb::arg("out_indices"), nb::arg("out_values").none(),
+      nb::arg("begin").none(), nb::arg("end").none(), nb::arg("index_offset").none(),
+      nb::arg("k"), nb::arg("largest"), nb::arg("sorted"), nb::arg("nan"), nb::arg("ties"),
+      nb::arg("index_fill"), nb::arg("value_fill").none(), nb::arg("check"), nb::arg("backend"),
+      nb::arg("workspace").none(), nb::arg("stream"));
+
+  m.def(
+      "topk_workspace_size",
+      [](nb::handle x, nb::handle out_indices, nb::handle out_values, nb::handle begin,
+         nb::handle end, nb::handle index_offset, std::int64_t k, bool largest, int sorted,
+         int nan, int ties, std::int64_t index_fill, std::optional<double> value_fill, int check,
+         int backend) {
+        return attnkit::topk_workspace_size(
+            topk_tensors(x, out_indices, out_values, begin, end, index_offset),
+            topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend));
+      },
+      nb::arg("x"), nb::arg("out_indices"), nb::arg("out_values").none(),
+      nb::arg("begin").none(), nb::arg("end").none(), nb::arg("index_offset").none(),
+      nb::arg("k"), nb::arg("largest"), nb::arg("sorted"), nb::arg("nan"), nb::arg("ties"),
+      nb::arg("index_fill"), nb::arg("value_fill").none(), nb::arg("check"), nb::arg("backend"));
+
+  m.def("num_threads", &attnkit::num_threads);
+  m.def("set_num_threads", &attnkit::set_num_threads, nb::arg("n"));
+  m.def("build_info", &attnkit::build_info);
+  m.def("cuda_available_in_build", &attnkit::cuda_available_in_build);
+
+  // Baselines for the demo and benchmarks (tools/baselines.hpp).
+  m.def(
+      "baseline_topk",
+      [](nb::handle x, nb::handle out_indices, nb::handle out_values, std::int64_t k,
+         const std::string& method, bool sort_values) {
+        const TensorView xv = to_view(x, "x");
+        const TensorView iv = to_view(out_indices, "out_indices");
+        const TensorView vv = to_view(out_values, "out_values");
+        nb::gil_scoped_release release;
+        attnkit::tools::baseline_topk(xv, iv, vv, k, attnkit::tools::parse_baseline(method),
+                                      sort_values);
+      },
+      nb::arg("x"), nb::arg("out_indices"), nb::arg("out_values"), nb::arg("k"),
+      nb::arg("method"), nb::arg("sort_values"));
+}

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+// Scores: the unsigned integers that top-k selection compares instead of floats.
+//
+// score(x) is order-preserving in the direction of preference (larger score = better choice):
+//  - sign-magnitude bits become offset binary: asc = SIGN + mag for x >= 0, SIGN - mag for x < 0,
+//    so -0.0 and +0.0 map to the same score (they are equal, SPEC §1);
+//  - every NaN maps to SIGN + INF + 1, one above +inf (torch.topk's order), whatever its sign
+//    or payload, so NaNs tie with each other and ties break by index;
+//  - largest = false flips every bit (asc ^ MASK), which reverses the order and keeps NaN the
+//    least preferred value;
+//  - nan = "ignore" gives NaN the score 0, which no number can have (the smallest number score
+//    is SIGN - INF >= 0x80) and which selection never admits.
+// See docs/topk.md, "Scores".
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace attnkit::detail {
+
+struct Float32Traits {
+  using Bits = std::uint32_t;
+  static constexpr std::uint32_t kSign = 0x80000000u;
+  static constexpr std::uint32_t kMag = 0x7FFFFFFFu;
+  static constexpr std::uint32_t kInf = 0x7F800000u;
+  static constexpr std::uint32_t kMask = 0xFFFFFFFFu;
+  static constexpr int kBits = 32;
+};
+
+struct BFloat16Traits {
+  using Bits = std::uint16_t;
+  static constexpr std::uint32_t kSign = 0x8000u;
+  static constexpr std::uint32_t kMag = 0x7FFFu;
+  static constexpr std::uint32_t kInf = 0x7F80u;
+  static constexpr std::uint32_t kMask = 0xFFFFu;
+  static constexpr int kBits = 16;
+};
+
+struct Float16Traits {
+  using Bits = std::uint16_t;
+  static constexpr std::uint32_t kSign = 0x8000u;
+  static constexpr std::uint32_t kMag = 0x7FFFu;
+  static constexpr std::uint32_t kInf = 0x7C00u;
+  static constexpr std::uint32_t kMask = 0xFFFFu;
+  static constexpr int kBits = 16;
+};
+
+/// The score that never enters a selection (an ignored NaN); every other score is larger.
+inline constexpr std::uint32_t kExcludedScore = 0;
+
+/// Per-call constants of the score function.
+struct ScoreParams {
+  std::uint32_t flip;       // 0 for largest, MASK for smallest
+  std::uint32_t nan_score;  // the score every NaN gets
+};
+
+template <class Traits>
+ATTNKIT_HD ScoreParams make_score_params(bool largest, bool ignore_nan) {
+  const std::uint32_t nan_asc = Traits::kSign + Traits::kInf + 1u;
+  ScoreParams p;
+  p.flip = largest ? 0u : Traits::kMask;
+  p.nan_score = ignore_nan ? kExcludedScore : (nan_asc ^ p.flip);
+  return p;
+}
+
+template <class Traits>
+ATTNKIT_HD bool is_nan_bits(std::uint32_t bits) {
+  return (bits & Traits::kMag) > Traits::kInf;
+}
+
+template <class Traits>
+ATTNKIT_HD std::uint32_t score_of(std::uint32_t bits, ScoreParams p) {
+  const std::uint32_t mag = bits & Traits::kMag;
+  const std::uint32_t asc = (bits & Traits::kSign) ? Traits::kSign - mag : Traits::kSign + mag;
+  return mag > Traits::kInf ? p.nan_score : (asc ^ p.flip);
+}
+
+}  // namespace attnkit::detail

@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+// The backend entry points the dispatch layer calls. Each takes a checked problem and trusts it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "attnkit/tensor.hpp"
+#include "core/topk_problem.hpp"
+
+namespace attnkit::detail {
+
+// CPU (src/cpu/).
+void cpu_topk(const TopkProblem& p);
+void cpu_topk_reference(const TopkProblem& p);
+/// True if a NaN lies in any row's valid range (for nan = "raise", checked before any write).
+bool cpu_topk_has_nan(const TopkProblem& p);
+
+#if defined(ATTNKIT_WITH_CUDA)
+// CUDA (src/cuda/).
+std::size_t cuda_topk_workspace_size(const TopkProblem& p);
+/// Launches on `stream`. With nan = "raise" it synchronizes and throws Error(kNanFound).
+void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_bytes,
+               cudaStream_t stream);
+/// Stream-ordered allocation from attnkit's cached pool for `device`.
+void* cuda_pool_allocate(Device device, std::size_t bytes, cudaStream_t stream);
+void cuda_pool_free(Device device, void* ptr, cudaStream_t stream);
+/// Copies device memory to the host on `stream` and waits for it.
+void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, cudaStream_t stream);
+/// Lines for attnkit::build_info(): targets compiled in, devices and the variant for each.
+std::string cuda_build_info();
+#endif
+
+}  // namespace attnkit::detail

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/check_util.hpp"
+
+#include <cstdlib>
+#include <string>
+
+namespace attnkit::detail {
+
+void fail(ErrorCode code, const char* op, const std::string& message) {
+  throw Error(code, std::string(op) + ": " + message);
+}
+
+std::string shape_with_names(std::initializer_list<const char*> names,
+                             std::initializer_list<std::int64_t> values) {
+  std::string a = "[", b = "[";
+  auto v = values.begin();
+  bool first = true;
+  for (const char* n : names) {
+    if (!first) {
+      a += ", ";
+      b += ", ";
+    }
+    first = false;
+    a += n;
+    b += std::to_string(*v++);
+  }
+  return a + "] = " + b + "]";
+}
+
+void check_dtype(const char* op, const char* arg, const TensorView& t,
+                 std::initializer_list<DType> allowed) {
+  for (DType d : allowed) {
+    if (t.dtype == d) return;
+  }
+  std::string list;
+  std::size_t i = 0;
+  for (DType d : allowed) {
+    if (i) list += (i + 1 == allowed.size()) ? " or " : ", ";
+    list += dtype_name(d);
+    ++i;
+  }
+  fail(ErrorCode::kDType, op,
+       std::string(arg) + ".dtype = " + dtype_name(t.dtype) + "; expected " + list);
+}
+
+void check_device(const char* op, const char* arg, const TensorView& t, Device device) {
+  if (t.device != device) {
+    fail(ErrorCode::kDevice, op,
+         std::string(arg) + " is on " + device_name(t.device) + " but x is on " +
+             device_name(device) + "; all tensors must be on the same device");
+  }
+}
+
+void check_last_dim_contiguous(const char* op, const char* arg, const TensorView& t) {
+  if (t.ndim == 0) return;
+  const int d = t.ndim - 1;
+  if (t.shape[d] > 1 && t.strides[d] != 1) {
+    fail(ErrorCode::kLayout, op,
+         std::string(arg) + ".stride(-1) = " + std::to_string(t.strides[d]) +
+             "; the last dimension must be contiguous (stride 1)");
+  }
+}
+
+void check_storage(const char* op, const char* arg, const TensorView& t) {
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0) {
+      fail(ErrorCode::kShape, op,
+           std::string(arg) + " has shape " + t.shape_str() + "; sizes must be >= 0");
+    }
+  }
+  if (t.numel() > 0 && t.data == nullptr) {
+    fail(ErrorCode::kValue, op,
+         std::string(arg) + " has " + std::to_string(t.numel()) +
+             " elements but a null data pointer");
+  }
+}
+
+ByteExtent byte_extent(const TensorView& t) {
+  if (t.numel() == 0) return {};
+  const auto base = reinterpret_cast<std::intptr_t>(t.data);
+  const auto elem = static_cast<std::intptr_t>(dtype_size(t.dtype));
+  std::intptr_t lo = base, hi = base;
+  for (int d = 0; d < t.ndim; ++d) {
+    const std::intptr_t span = static_cast<std::intptr_t>(t.shape[d] - 1) * t.strides[d] * elem;
+    if (span < 0) {
+      lo += span;
+    } else {
+      hi += span;
+    }
+  }
+  return {static_cast<std::uintptr_t>(lo), static_cast<std::uintptr_t>(hi + elem)};
+}
+
+void check_no_overlap(const char* op, const char* out_arg, const TensorView& out,
+                      const char* in_arg, const TensorView& in) {
+  const ByteExtent a = byte_extent(out), b = byte_extent(in);
+  if (a.lo == a.hi || b.lo == b.hi) return;
+  if (out.device != in.device) return;
+  if (a.lo < b.hi && b.lo < a.hi) {
+    fail(ErrorCode::kLayout, op,
+         std::string(out_arg) + " overlaps " + in_arg +
+             "; outputs may not share memory with inputs or with each other");
+  }
+}
+
+void check_rows_disjoint(const char* op, const char* arg, const TensorView& t) {
+  if (t.ndim != 2 || t.shape[0] <= 1 || t.shape[1] == 0) return;
+  if (std::llabs(t.strides[0]) < t.shape[1]) {
+    fail(ErrorCode::kLayout, op,
+         std::string(arg) + ".stride(0) = " + std::to_string(t.strides[0]) +
+             " makes rows of length " + std::to_string(t.shape[1]) +
+             " overlap; |stride(0)| must be >= the row length");
+  }
+}
+
+}  // namespace attnkit::detail

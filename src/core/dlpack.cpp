@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "attnkit/dlpack.hpp"
+
+#include <string>
+
+#include "attnkit/error.hpp"
+
+namespace attnkit {
+namespace {
+
+std::string dl_dtype_str(DLDataType t) {
+  return "DLPack dtype (code " + std::to_string(t.code) + ", bits " + std::to_string(t.bits) +
+         ", lanes " + std::to_string(t.lanes) + ")";
+}
+
+struct DTypeCode {
+  DType dtype;
+  std::uint8_t code;
+  std::uint8_t bits;
+};
+
+constexpr DTypeCode kCodes[] = {
+    {DType::kFloat32, kDLFloat, 32}, {DType::kBFloat16, kDLBfloat, 16},
+    {DType::kFloat16, kDLFloat, 16}, {DType::kInt32, kDLInt, 32},
+    {DType::kInt64, kDLInt, 64},     {DType::kFloat64, kDLFloat, 64},
+    {DType::kInt8, kDLInt, 8},       {DType::kUInt8, kDLUInt, 8},
+    {DType::kInt16, kDLInt, 16},     {DType::kUInt16, kDLUInt, 16},
+    {DType::kUInt32, kDLUInt, 32},   {DType::kUInt64, kDLUInt, 64},
+};
+
+DType dtype_from_dl(DLDataType t) {
+  if (t.lanes == 1) {
+    for (const DTypeCode& c : kCodes) {
+      if (c.code == t.code && c.bits == t.bits) return c.dtype;
+    }
+    if (t.bits == 8 && t.code == 6) return DType::kBool;  // kDLBool (DLPack >= 0.8)
+  }
+  throw Error(ErrorCode::kDType, "from_dlpack: " + dl_dtype_str(t) + " has no attnkit dtype");
+}
+
+DLDataType dl_from_dtype(DType d) {
+  for (const DTypeCode& c : kCodes) {
+    if (c.dtype == d) return DLDataType{c.code, c.bits, 1};
+  }
+  return DLDataType{6, 8, 1};  // kDLBool
+}
+
+}  // namespace
+
+TensorView from_dlpack(const DLTensor& t) {
+  TensorView v;
+  v.dtype = dtype_from_dl(t.dtype);
+  switch (t.device.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:  // pinned host memory is ordinary CPU memory to the CPU backend
+      v.device = Device{DeviceType::kCPU, 0};
+      break;
+    case kDLCUDA:
+      v.device = Device{DeviceType::kCUDA, t.device.device_id};
+      break;
+    default:
+      throw Error(ErrorCode::kDevice, "from_dlpack: DLPack device type " +
+                                          std::to_string(t.device.device_type) +
+                                          " is not CPU or CUDA");
+  }
+  if (t.ndim < 0 || t.ndim > kMaxDims) {
+    throw Error(ErrorCode::kShape, "from_dlpack: ndim = " + std::to_string(t.ndim) +
+                                       " must be in [0, " + std::to_string(kMaxDims) + "]");
+  }
+  v.ndim = t.ndim;
+  v.data = static_cast<char*>(t.data) + t.byte_offset;
+  std::int64_t running = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    v.shape[d] = t.shape[d];
+    v.strides[d] = t.strides ? t.strides[d] : running;
+    running *= t.shape[d];
+  }
+  return v;
+}
+
+DLTensor to_dlpack(TensorView& view) {
+  DLTensor t{};
+  t.data = view.data;
+  t.device = view.device.type == DeviceType::kCPU ? DLDevice{kDLCPU, 0}
+                                                  : DLDevice{kDLCUDA, view.device.index};
+  t.ndim = view.ndim;
+  t.dtype = dl_from_dtype(view.dtype);
+  t.shape = view.shape;
+  t.strides = view.strides;
+  t.byte_offset = 0;
+  return t;
+}
+
+}  // namespace attnkit

@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/thread_pool.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "attnkit/error.hpp"
+
+namespace attnkit::detail {
+namespace {
+
+thread_local bool t_inside_task = false;
+
+int default_thread_count() {
+  if (const char* env = std::getenv("ATTNKIT_NUM_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && v >= 1 && v <= 4096) return static_cast<int>(v);
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+// How long an idle worker polls for the next job before it sleeps on the condition variable.
+// Back-to-back calls (a benchmark loop, a decode step per token) then skip the futex wake-up,
+// which costs tens of microseconds: about the time of a whole small top-k.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(500);
+
+}  // namespace
+
+ThreadPool& ThreadPool::global() {
+  static ThreadPool pool(default_thread_count());
+  return pool;
+}
+
+ThreadPool::ThreadPool(int num_threads) { start(num_threads); }
+
+ThreadPool::~ThreadPool() { stop(); }
+
+void ThreadPool::start(int num_threads) {
+  stopping_ = false;
+  size_.store(num_threads, std::memory_order_relaxed);
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+void ThreadPool::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+}
+
+void ThreadPool::resize(int num_threads) {
+  if (num_threads < 1) {
+    throw Error(ErrorCode::kValue, "set_num_threads: n = " + std::to_string(num_threads) +
+                                       " must be >= 1");
+  }
+  std::lock_guard<std::mutex> call_lock(call_mutex_);
+  stop();
+  start(num_threads);
+}
+
+void ThreadPool::run_tasks(Job& job) {
+  const bool was_inside = t_inside_task;
+  t_inside_task = true;
+  while (!job.failed.load(std::memory_order_relaxed)) {
+    const std::int64_t i = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job.n) break;
+    try {
+      (*job.fn)(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(job.error_mutex);
+      if (!job.error) job.error = std::current_exception();
+      job.failed.store(true, std::memory_order_relaxed);
+    }
+  }
+  t_inside_task = was_inside;
+}
+
+void ThreadPool::worker_loop() {
+  std::uint64_t seen = generation_.load(std::memory_order_acquire);
+  for (;;) {
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+    while (generation_.load(std::memory_order_acquire) == seen &&
+           std::chrono::steady_clock::now() < spin_until) {
+      std::this_thread::yield();
+    }
+    Job* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++sleepers_;
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+      --sleepers_;
+      seen = generation_.load(std::memory_order_relaxed);
+      if (stopping_) return;
+      job = current_;  // null when the job already finished
+      if (job) job->refs.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (job) {
+      run_tasks(*job);
+      job->refs.fetch_sub(1, std::memory_order_release);
+    }
+  }
+}
+
+void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
+  if (n <= 0) return;
+  if (t_inside_task || n == 1 || size() == 1) {
+    for (std::int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(call_mutex_);
+  Job job;
+  job.fn = &fn;
+  job.n = n;
+  bool any_asleep = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_ = &job;
+    generation_.fetch_add(1, std::memory_order_release);
+    any_asleep = sleepers_ > 0;
+  }
+  if (any_asleep) wake_.notify_all();
+  run_tasks(job);
+  {
+    // No worker can join once current_ is cleared; wait for those that did.
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_ = nullptr;
+  }
+  while (job.refs.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  if (job.error) std::rethrow_exception(job.error);
+}
+
+}  // namespace attnkit::detail

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend's thread pool: persistent workers that share one parallel_for at a time.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace attnkit::detail {
+
+class ThreadPool {
+ public:
+  /// The process-wide pool, sized by ATTNKIT_NUM_THREADS or the hardware thread count.
+  static ThreadPool& global();
+
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  /// Threads that run a parallel_for, the caller's included.
+  int size() const noexcept { return size_.load(std::memory_order_relaxed); }
+  void resize(int num_threads);
+
+  /// Calls fn(i) once for every i in [0, n), spread over the pool, and returns when all
+  /// calls have returned. Tasks are handed out one at a time, so uneven tasks balance. The
+  /// first exception a task throws is rethrown here (tasks not yet started are skipped). A
+  /// call from inside a task runs serially on that thread.
+  void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn);
+
+ private:
+  /// One parallel_for. Lives on the caller's stack; workers hold it only while `refs` counts
+  /// them, and the caller returns only when refs is back to zero.
+  struct Job {
+    const std::function<void(std::int64_t)>* fn = nullptr;
+    std::int64_t n = 0;
+    std::atomic<std::int64_t> next{0};
+    std::atomic<int> refs{0};
+    std::atomic<bool> failed{false};
+    std::exception_ptr error;
+    std::mutex error_mutex;
+  };
+
+  void start(int num_threads);
+  void stop();
+  void worker_loop();
+  static void run_tasks(Job& job);
+
+  std::atomic<int> size_{1};
+  std::vector<std::thread> workers_;
+  std::mutex call_mutex_;  // one parallel_for at a time
+
+  std::mutex mutex_;  // guards current_, stopping_ and the generation counter
+  std::condition_variable wake_;
+  Job* current_ = nullptr;
+  bool stopping_ = false;
+  int sleepers_ = 0;  // workers blocked in wake_; a job skips the futex call when none are
+  std::atomic<std::uint64_t> generation_{0};
+};
+
+}  // namespace attnkit::detail

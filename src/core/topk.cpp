@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// Public topk entry points: check the arguments (check_topk.cpp), then hand the problem to
+// the backend of the tensors' device. No computation happens here.
+#include "attnkit/topk.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnkit/error.hpp"
+#include "core/backends.hpp"
+#include "core/check_topk.hpp"
+
+namespace attnkit {
+namespace {
+
+using detail::RowVector;
+using detail::TopkProblem;
+
+bool on_cuda(const TopkProblem& p) { return p.device.type == DeviceType::kCUDA; }
+
+std::size_t required_workspace(const TopkProblem& p) {
+#if defined(ATTNKIT_WITH_CUDA)
+  if (on_cuda(p)) return detail::cuda_topk_workspace_size(p);
+#endif
+  (void)p;
+  return 0;
+}
+
+#if defined(ATTNKIT_WITH_CUDA)
+/// Host copy of a device row vector, for check_topk_row_values (one sync per vector).
+RowVector host_copy(const RowVector& v, std::int64_t batch, std::vector<std::int64_t>& storage,
+                    cudaStream_t stream) {
+  if (v.data == nullptr || batch == 0) return {};
+  const std::size_t elem = v.is_int64 ? 8 : 4;
+  if (v.stride != 1) {
+    throw Error(ErrorCode::kLayout,
+                "topk: check=True on CUDA needs contiguous begin/end/index_offset (stride " +
+                    std::to_string(v.stride) + " seen)");
+  }
+  storage.resize(static_cast<std::size_t>(batch));
+  detail::cuda_copy_to_host(storage.data(), v.data, elem * static_cast<std::size_t>(batch), stream);
+  return RowVector{storage.data(), v.is_int64, 1};
+}
+#endif
+
+void check_rows(const TopkProblem& p, cudaStream_t stream) {
+  if (!p.check_rows) return;
+  if (!on_cuda(p)) {
+    detail::check_topk_row_values(p, p.begin, p.end, p.index_offset);
+    return;
+  }
+#if defined(ATTNKIT_WITH_CUDA)
+  std::vector<std::int64_t> b, e, o;
+  detail::check_topk_row_values(p, host_copy(p.begin, p.batch, b, stream),
+                                host_copy(p.end, p.batch, e, stream),
+                                host_copy(p.index_offset, p.batch, o, stream));
+#else
+  (void)stream;
+#endif
+}
+
+void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  check_rows(p, stream);
+  if (!on_cuda(p)) {
+    if (p.nan == NanPolicy::kRaise && detail::cpu_topk_has_nan(p)) {
+      throw Error(ErrorCode::kNanFound,
+                  "topk: x holds a NaN inside a row's valid range and nan = \"raise\"");
+    }
+    if (p.backend == TopkBackend::kReference) {
+      detail::cpu_topk_reference(p);
+    } else {
+      detail::cpu_topk(p);
+    }
+    return;
+  }
+#if defined(ATTNKIT_WITH_CUDA)
+  detail::cuda_topk(p, workspace, workspace_bytes, stream);
+#else
+  (void)workspace;
+  (void)workspace_bytes;
+#endif
+}
+
+}  // namespace
+
+std::size_t topk_workspace_size(const TopkTensors& tensors, const TopkOptions& options) {
+  return required_workspace(detail::check_topk(tensors, options));
+}
+
+void topk(void* workspace, std::size_t& workspace_bytes, const TopkTensors& tensors,
+          const TopkOptions& options, cudaStream_t stream) {
+  const TopkProblem p = detail::check_topk(tensors, options);
+  const std::size_t need = required_workspace(p);
+  if (workspace == nullptr) {
+    workspace_bytes = need;
+    return;
+  }
+  if (workspace_bytes < need) {
+    throw Error(ErrorCode::kValue, "topk: workspace_bytes = " + std::to_string(workspace_bytes) +
+                                       " is smaller than the " + std::to_string(need) +
+                                       " bytes this call needs");
+  }
+  if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
+    throw Error(ErrorCode::kValue, "topk: workspace must be aligned to 256 bytes");
+  }
+  run(p, workspace, workspace_bytes, stream);
+}
+
+void topk(const TopkTensors& tensors, const TopkOptions& options, cudaStream_t stream) {
+  const TopkProblem p = detail::check_topk(tensors, options);
+  const std::size_t need = required_workspace(p);
+  if (need == 0) {
+    run(p, nullptr, 0, stream);
+    return;
+  }
+#if defined(ATTNKIT_WITH_CUDA)
+  void* ws = detail::cuda_pool_allocate(p.device, need, stream);
+  try {
+    run(p, ws, need, stream);
+  } catch (...) {
+    detail::cuda_pool_free(p.device, ws, stream);
+    throw;
+  }
+  detail::cuda_pool_free(p.device, ws, stream);
+#endif
+}
+
+}  // namespace attnkit

@@ -1,0 +1,490 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU top-k: one read of each row against a rising threshold, with a radix select over the
+// survivors. Algorithm, invariants and cost bound: docs/topk.md.
+//
+//   1. Score: each element becomes an unsigned score (common/topk_keys.hpp); larger is better.
+//   2. Floor: on long rows, an evenly spaced sample of scores gives a starting threshold that
+//      a little more than k elements beat, so the filter admits few losers from the start.
+//   3. Filter: the row is read once, kBlock elements at a time, in column order. A block with
+//      no element that may beat the threshold T is skipped after one vectorised pass; in the
+//      others, elements with score > T are appended to a candidate buffer (score, column),
+//      which so stays in column order.
+//   4. Reconstruct: when the buffer holds k + slack candidates, keep the best k (a radix pass
+//      over the top 12 bits, then an exact select inside the pivot bucket) and raise T to the
+//      k-th best score. Equal scores arriving later have larger columns and so lose the tie;
+//      that is why the filter can use a strict `>` and still return the lowest-index set.
+//   5. Finish: a last reconstruct to k, order the row, write values (bit copies) and indices.
+// Rows are spread over the thread pool; when there are fewer rows than threads, each row is cut
+// into column-ordered segments whose top-k lists are concatenated and reconstructed once more.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "attnkit/error.hpp"
+#include "common/float_bits.hpp"
+#include "common/topk_keys.hpp"
+#include "core/backends.hpp"
+#include "core/thread_pool.hpp"
+#include "cpu/topk_common.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(ATTNKIT_NO_TARGET_CLONES)
+// AVX2 doubles the lanes of the scoring loops; the default clone keeps the library runnable
+// on any x86-64. The loader picks one at startup (ifunc).
+#define ATTNKIT_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define ATTNKIT_VECTOR_CLONES
+#endif
+
+namespace attnkit::detail {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Constants
+// ---------------------------------------------------------------------------------------------
+
+// Elements marked per filter step. A block with no mark is skipped after one vectorised pass;
+// a marked block costs a scan of kBlock / 8 words, so blocks are small enough that most of
+// them hold no mark once the threshold has risen, and large enough to amortise that scan.
+constexpr int kBlock = 64;
+// Candidates gathered beyond k before a reconstruct. The reconstruct costs O(k + slack), and
+// its number falls as 1/slack, so the slack follows k with a floor that keeps small k cheap.
+constexpr std::int64_t kMinSlack = 256;
+// Bits of the first radix digit: 4096 bins (16 KB of counts) fit in L1 and split float
+// scores by sign, exponent and 3-4 mantissa bits, which leaves a small pivot bucket.
+constexpr int kDigitBits = 12;
+// Sampled starting threshold: rows shorter than kSampleMinRow, or with k above
+// len / kSampleMinRatio, start from the bottom; a sample of kSampleMin..kSampleMax scores
+// (1/64 of the row) estimates a floor that a little more than k elements reach.
+constexpr std::int64_t kSampleMinRow = std::int64_t{1} << 14;
+constexpr std::int64_t kSampleMinRatio = 16;
+constexpr std::int64_t kSampleMin = 512;
+constexpr std::int64_t kSampleMax = 2048;
+// The shortest row segment worth a task of its own when rows are cut for more parallelism.
+constexpr std::int64_t kMinSegment = std::int64_t{1} << 15;
+
+// ---------------------------------------------------------------------------------------------
+// Vectorised filter
+// ---------------------------------------------------------------------------------------------
+
+// float32 and bfloat16 widen to float with a move or a shift, which vectorises; float16 needs a
+// branchy conversion, so its groups are tested on scores instead.
+template <class Traits>
+inline constexpr bool kFloatPrefilter = !std::is_same_v<Traits, Float16Traits>;
+
+template <class Traits>
+inline float to_float(std::uint32_t bits) {
+  if constexpr (std::is_same_v<Traits, BFloat16Traits>) return bits_to_float(bits << 16);
+  if constexpr (std::is_same_v<Traits, Float16Traits>) {
+    return f16_bits_to_float(static_cast<std::uint16_t>(bits));
+  }
+  return bits_to_float(bits);
+}
+
+struct FilterResult {
+  std::int64_t consumed;  // elements read
+  std::size_t appended;   // candidates written
+};
+
+/// A float f with score(v) > threshold  =>  v >= f (largest) or v <= f (smallest), or v is a
+/// NaN. Comparing floats costs fewer vector instructions than computing scores, so the filter
+/// tests groups with it and scores only the groups that pass.
+template <class Traits>
+float prefilter_bound(std::uint32_t threshold, ScoreParams sp) {
+  const bool largest = sp.flip == 0;
+  if (threshold == kExcludedScore) return largest ? -INFINITY : INFINITY;
+  const std::uint32_t asc = threshold ^ sp.flip;
+  if (asc > Traits::kSign + Traits::kInf) return largest ? INFINITY : -INFINITY;  // NaN score
+  const std::uint32_t bits =
+      asc >= Traits::kSign ? asc - Traits::kSign : (Traits::kSign | (Traits::kSign - asc));
+  return to_float<Traits>(bits);
+}
+
+/// Whether element j of a block may beat the threshold: a superset test (prefilter_bound).
+template <class Traits, bool kLargest>
+inline std::uint32_t may_pass(typename Traits::Bits bits, float bound, ScoreParams sp,
+                              std::uint32_t threshold) {
+  if constexpr (kFloatPrefilter<Traits>) {
+    const float v = to_float<Traits>(bits);
+    return static_cast<std::uint32_t>((kLargest ? v >= bound : v <= bound) | (v != v));
+  } else {
+    return static_cast<std::uint32_t>(score_of<Traits>(bits, sp) > threshold);
+  }
+}
+
+/// True if any element of the block may beat the threshold. Branch-free and store-free, so it
+/// vectorises to a few instructions per vector; most blocks end here once T has risen.
+template <class Traits, bool kLargest>
+inline bool block_may_pass(const typename Traits::Bits* __restrict p, float bound, ScoreParams sp,
+                           std::uint32_t threshold) {
+  std::uint32_t any = 0;  // an integer OR-reduction vectorises; a bool one does not
+  for (int j = 0; j < kBlock; ++j) any |= may_pass<Traits, kLargest>(p[j], bound, sp, threshold);
+  return any != 0;
+}
+
+/// Marks in m[] the elements of a block that may beat the threshold (vectorised).
+template <class Traits, bool kLargest>
+inline void mark_block(const typename Traits::Bits* __restrict p, std::uint8_t* __restrict m,
+                       float bound, ScoreParams sp, std::uint32_t threshold) {
+  for (int j = 0; j < kBlock; ++j) {
+    m[j] = static_cast<std::uint8_t>(may_pass<Traits, kLargest>(p[j], bound, sp, threshold));
+  }
+}
+
+/// Appends (score, column) of every element of p[0, n) whose score beats `threshold`, in
+/// column order, and stops early at the end of the block that leaves fewer than kBlock free
+/// slots of `room`. Each block is marked with vector instructions first; only the marked
+/// elements, a few percent after the first reconstruct, are scored and appended one by one.
+template <class Traits, bool kLargest>
+inline FilterResult filter_body(const typename Traits::Bits* p, std::int64_t n, std::uint32_t col0,
+                                ScoreParams sp, std::uint32_t threshold, std::uint32_t* score,
+                                std::uint32_t* col, std::size_t room) {
+  const float bound = prefilter_bound<Traits>(threshold, sp);
+  std::size_t appended = 0;
+  std::int64_t i = 0;
+  alignas(64) std::uint8_t marks[kBlock];
+  for (; i + kBlock <= n && appended + kBlock <= room; i += kBlock) {
+    if (!block_may_pass<Traits, kLargest>(p + i, bound, sp, threshold)) continue;
+    mark_block<Traits, kLargest>(p + i, marks, bound, sp, threshold);
+    for (int w = 0; w < kBlock; w += 8) {
+      std::uint64_t word;
+      std::memcpy(&word, marks + w, sizeof word);
+      while (word != 0) {
+        const int j = w + __builtin_ctzll(word) / 8;
+        word &= word - 1;  // marks are 0 or 1, so this clears exactly the byte just taken
+        const std::uint32_t s = score_of<Traits>(p[i + j], sp);
+        score[appended] = s;
+        col[appended] = col0 + static_cast<std::uint32_t>(i + j);
+        appended += s > threshold;
+      }
+    }
+  }
+  if (i + kBlock > n && appended + kBlock <= room) {  // the last, partial block
+    for (; i < n; ++i) {
+      const std::uint32_t s = score_of<Traits>(p[i], sp);
+      score[appended] = s;
+      col[appended] = col0 + static_cast<std::uint32_t>(i);
+      appended += s > threshold;
+    }
+  }
+  return {i, appended};
+}
+
+#define ATTNKIT_DEFINE_FILTER(name, Traits)                                                     \
+  ATTNKIT_VECTOR_CLONES FilterResult name(const Traits::Bits* p, std::int64_t n,                \
+                                          std::uint32_t col0, ScoreParams sp,                   \
+                                          std::uint32_t threshold, std::uint32_t* score,        \
+                                          std::uint32_t* col, std::size_t room) {               \
+    return sp.flip == 0 ? filter_body<Traits, true>(p, n, col0, sp, threshold, score, col, room) \
+                        : filter_body<Traits, false>(p, n, col0, sp, threshold, score, col, room); \
+  }
+ATTNKIT_DEFINE_FILTER(filter_f32, Float32Traits)
+ATTNKIT_DEFINE_FILTER(filter_bf16, BFloat16Traits)
+ATTNKIT_DEFINE_FILTER(filter_f16, Float16Traits)
+#undef ATTNKIT_DEFINE_FILTER
+
+template <class Traits>
+FilterResult filter(const typename Traits::Bits* p, std::int64_t n, std::uint32_t col0,
+                    ScoreParams sp, std::uint32_t threshold, std::uint32_t* score,
+                    std::uint32_t* col, std::size_t room) {
+  if constexpr (std::is_same_v<Traits, Float32Traits>) {
+    return filter_f32(p, n, col0, sp, threshold, score, col, room);
+  } else if constexpr (std::is_same_v<Traits, BFloat16Traits>) {
+    return filter_bf16(p, n, col0, sp, threshold, score, col, room);
+  } else {
+    return filter_f16(p, n, col0, sp, threshold, score, col, room);
+  }
+}
+
+template <class Traits>
+inline bool block_has_nan(const typename Traits::Bits* p, std::int64_t n) {
+  std::uint32_t found = 0;  // an integer reduction, which vectorises; a bool one does not
+  for (std::int64_t i = 0; i < n; ++i) found |= is_nan_bits<Traits>(p[i]) ? 1u : 0u;
+  return found != 0;
+}
+
+ATTNKIT_VECTOR_CLONES bool has_nan_f32(const std::uint32_t* p, std::int64_t n) {
+  return block_has_nan<Float32Traits>(p, n);
+}
+ATTNKIT_VECTOR_CLONES bool has_nan_bf16(const std::uint16_t* p, std::int64_t n) {
+  return block_has_nan<BFloat16Traits>(p, n);
+}
+ATTNKIT_VECTOR_CLONES bool has_nan_f16(const std::uint16_t* p, std::int64_t n) {
+  return block_has_nan<Float16Traits>(p, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Candidate buffer and its reconstruct
+// ---------------------------------------------------------------------------------------------
+
+/// Candidates in ascending column order, plus the scratch a reconstruct needs. One per thread,
+/// reused across calls, so the steady state allocates nothing.
+struct Candidates {
+  std::vector<std::uint32_t> score;
+  std::vector<std::uint32_t> col;
+  std::vector<std::uint32_t> hist;
+  std::vector<std::uint64_t> bucket;
+  std::vector<std::uint32_t> sample;
+
+  void reserve(std::size_t n) {
+    if (score.size() < n) {
+      score.resize(n);
+      col.resize(n);
+    }
+    if (hist.size() < (std::size_t{1} << kDigitBits)) hist.resize(std::size_t{1} << kDigitBits);
+  }
+};
+
+/// (score, column) as one integer whose order is the selection order: higher score first, then
+/// lower column. Columns are < 2^31, so ~col fits the low half.
+inline std::uint64_t rank_key(std::uint32_t score, std::uint32_t col) {
+  return (std::uint64_t{score} << 32) | static_cast<std::uint32_t>(~col);
+}
+
+/// Keeps the best k of c's first n candidates (n > k >= 1), in place and in column order.
+/// Returns the k-th best score: every kept candidate scores >= it, every dropped one <= it.
+std::uint32_t reconstruct(Candidates& c, std::size_t n, std::size_t k, int score_bits) {
+  std::uint32_t* __restrict score = c.score.data();
+  std::uint32_t* __restrict col = c.col.data();
+  std::uint32_t* __restrict hist = c.hist.data();
+  const int shift = score_bits - kDigitBits;
+
+  std::fill(hist, hist + (std::size_t{1} << kDigitBits), 0u);
+  for (std::size_t i = 0; i < n; ++i) ++hist[score[i] >> shift];
+  std::size_t need = k;
+  std::uint32_t digit = (1u << kDigitBits) - 1;
+  while (hist[digit] < need) need -= hist[digit--];
+
+  // The pivot bucket holds >= need candidates; the need-th best of them by rank_key is the
+  // exact k-th of the whole buffer, ties broken by column.
+  // The loop below writes one slot past the last bucket member; size for it (grows only).
+  if (c.bucket.size() <= hist[digit]) c.bucket.resize(hist[digit] + 1);
+  std::uint64_t* bucket = c.bucket.data();
+  std::size_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    bucket[m] = rank_key(score[i], col[i]);
+    m += (score[i] >> shift) == digit;
+  }
+  std::nth_element(bucket, bucket + (need - 1), bucket + m, std::greater<>());
+  const std::uint32_t pivot_score = static_cast<std::uint32_t>(bucket[need - 1] >> 32);
+  const std::uint32_t pivot_col = ~static_cast<std::uint32_t>(bucket[need - 1]);
+
+  std::size_t out = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t s = score[i], cc = col[i];
+    score[out] = s;
+    col[out] = cc;
+    out += (s > pivot_score) | ((s == pivot_score) & (cc <= pivot_col));
+  }
+  return pivot_score;
+}
+
+std::size_t slack_for(std::size_t k) {
+  return std::max<std::size_t>(2 * k, static_cast<std::size_t>(kMinSlack));
+}
+
+/// A score floor that at least k elements of columns [lo, hi) reach with high probability,
+/// estimated from an evenly spaced sample; kExcludedScore when the row is too short for a
+/// sample to pay off. See docs/topk.md, "Sampled starting threshold".
+template <class Traits>
+std::uint32_t sampled_floor(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
+                            std::size_t k, ScoreParams sp, Candidates& c) {
+  const std::int64_t len = hi - lo;
+  if (len < kSampleMinRow || static_cast<std::int64_t>(k) * kSampleMinRatio > len) {
+    return kExcludedScore;
+  }
+  const std::int64_t size = std::clamp<std::int64_t>(len / 64, kSampleMin, kSampleMax);
+  // Rank in the sample whose score floor admits about k elements of the row, raised by three
+  // standard deviations of the binomial count and two, so that fewer than k admitted (which
+  // costs a second pass) is rare.
+  const double expected = static_cast<double>(k) * static_cast<double>(size) /
+                          static_cast<double>(len);
+  const auto rank = static_cast<std::int64_t>(expected + 3.0 * std::sqrt(expected) + 2.0);
+  if (rank >= size / 2) return kExcludedScore;  // the floor would filter too little to pay
+  if (c.sample.size() < static_cast<std::size_t>(size)) c.sample.resize(static_cast<std::size_t>(size));
+  for (std::int64_t j = 0; j < size; ++j) {
+    c.sample[static_cast<std::size_t>(j)] = score_of<Traits>(row[lo + (2 * j + 1) * len / (2 * size)], sp);
+  }
+  auto nth = c.sample.begin() + (rank - 1);
+  std::nth_element(c.sample.begin(), nth, c.sample.begin() + size, std::greater<>());
+  return *nth;
+}
+
+/// Streams columns [lo, hi) of `row` once, admitting elements whose score beats `threshold`,
+/// and leaves the best min(k, admitted) of them in c in column order. Returns their count.
+template <class Traits>
+std::size_t filter_row(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
+                       std::size_t k, ScoreParams sp, std::uint32_t threshold, Candidates& c) {
+  const std::size_t limit = k + slack_for(k);
+  c.reserve(std::min(limit, static_cast<std::size_t>(hi - lo)) + kBlock);
+  std::size_t n = 0;
+  for (std::int64_t pos = lo; pos < hi;) {
+    // room: free slots up to `limit`, plus the kBlock of headroom reserve() added, so the
+    // filter stops right when a reconstruct is due.
+    const std::size_t room = limit + kBlock - n;
+    const FilterResult r = filter<Traits>(row + pos, hi - pos, static_cast<std::uint32_t>(pos), sp,
+                                          threshold, c.score.data() + n, c.col.data() + n, room);
+    pos += r.consumed;
+    n += r.appended;
+    if (n >= limit) {
+      threshold = reconstruct(c, n, k, Traits::kBits);
+      n = k;
+    }
+  }
+  return n;
+}
+
+/// The best min(k, selectable) elements of columns [lo, hi) of `row`, left in c in column
+/// order; returns their count.
+template <class Traits>
+std::size_t scan_segment(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
+                         std::size_t k, ScoreParams sp, Candidates& c) {
+  if (k == 0 || hi <= lo) return 0;
+  // Starting at a sampled floor F is exact when at least k elements score >= F: the k-th best
+  // score is then >= F, so nothing below F could have been chosen. Fewer than k admitted
+  // (a reconstruct never ran) means the sample misled: scan again from the bottom.
+  const std::uint32_t floor = sampled_floor<Traits>(row, lo, hi, k, sp, c);
+  std::size_t n = filter_row<Traits>(row, lo, hi, k, sp, floor == kExcludedScore ? floor : floor - 1, c);
+  if (n < k && floor != kExcludedScore) n = filter_row<Traits>(row, lo, hi, k, sp, kExcludedScore, c);
+  if (n > k) {
+    reconstruct(c, n, k, Traits::kBits);
+    n = k;
+  }
+  return n;
+}
+
+/// Puts the n candidates of c (column order) into the requested output order, in c.col.
+void order_candidates(Candidates& c, std::size_t n, TopkOrder order) {
+  if (order != TopkOrder::kValue) return;  // column order is both "index" and "none"
+  if (c.bucket.size() < n) c.bucket.resize(n);
+  for (std::size_t i = 0; i < n; ++i) c.bucket[i] = rank_key(c.score[i], c.col[i]);
+  std::sort(c.bucket.begin(), c.bucket.begin() + static_cast<std::ptrdiff_t>(n), std::greater<>());
+  for (std::size_t i = 0; i < n; ++i) c.col[i] = ~static_cast<std::uint32_t>(c.bucket[i]);
+}
+
+thread_local Candidates t_candidates;
+
+// ---------------------------------------------------------------------------------------------
+// Row drivers
+// ---------------------------------------------------------------------------------------------
+
+template <class Traits>
+void run_rows(const TopkProblem& p, ScoreParams sp) {
+  using Bits = typename Traits::Bits;
+  ThreadPool& pool = ThreadPool::global();
+  const std::int64_t threads = pool.size();
+  // A row never yields more than N candidates, so buffers are sized by min(k, N); padding up
+  // to k is written by write_row.
+  const std::size_t k = static_cast<std::size_t>(std::min(p.k, p.row_len));
+  const Bits* x = static_cast<const Bits*>(p.x);
+
+  // Segments per row: enough tasks for every thread, none shorter than kMinSegment.
+  std::int64_t segments = 1;
+  if (p.batch < threads) {
+    const std::int64_t want = (threads + p.batch - 1) / p.batch;
+    segments = std::clamp<std::int64_t>(p.row_len / kMinSegment, 1, want);
+  }
+
+  if (segments == 1) {
+    // Enough rows: a task per group of rows keeps scheduling overhead off short rows.
+    const std::int64_t tasks = std::min<std::int64_t>(p.batch, threads * 8);
+    pool.parallel_for(tasks, [&](std::int64_t t) {
+      Candidates& c = t_candidates;
+      const std::int64_t first = p.batch * t / tasks, last = p.batch * (t + 1) / tasks;
+      for (std::int64_t b = first; b < last; ++b) {
+        const cpu::RowRange r = cpu::row_range(p, b);
+        const std::size_t n = scan_segment<Traits>(x + b * p.row_stride, r.lo, r.hi, k, sp, c);
+        order_candidates(c, n, p.order);
+        cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
+      }
+    });
+    return;
+  }
+
+  // Phase 1: each (row, segment) task keeps its own best k, in column order.
+  const std::int64_t tasks = p.batch * segments;
+  std::vector<std::uint32_t> seg_score(static_cast<std::size_t>(tasks) * k);
+  std::vector<std::uint32_t> seg_col(static_cast<std::size_t>(tasks) * k);
+  std::vector<std::size_t> seg_count(static_cast<std::size_t>(tasks));
+  pool.parallel_for(tasks, [&](std::int64_t t) {
+    Candidates& c = t_candidates;
+    const std::int64_t b = t / segments, s = t % segments;
+    const cpu::RowRange r = cpu::row_range(p, b);
+    const std::int64_t len = r.hi - r.lo;
+    const std::int64_t lo = r.lo + len * s / segments, hi = r.lo + len * (s + 1) / segments;
+    const std::size_t n = scan_segment<Traits>(x + b * p.row_stride, lo, hi, k, sp, c);
+    std::copy_n(c.score.data(), n, seg_score.data() + t * k);
+    std::copy_n(c.col.data(), n, seg_col.data() + t * k);
+    seg_count[t] = n;
+  });
+  // Phase 2: segments are consecutive column ranges, so their lists concatenate in column
+  // order and one more reconstruct gives the row's exact top-k.
+  pool.parallel_for(p.batch, [&](std::int64_t b) {
+    Candidates& c = t_candidates;
+    std::size_t n = 0;
+    for (std::int64_t s = 0; s < segments; ++s) n += seg_count[b * segments + s];
+    c.reserve(n);
+    n = 0;
+    for (std::int64_t s = 0; s < segments; ++s) {
+      const std::int64_t t = b * segments + s;
+      std::copy_n(seg_score.data() + t * k, seg_count[t], c.score.data() + n);
+      std::copy_n(seg_col.data() + t * k, seg_count[t], c.col.data() + n);
+      n += seg_count[t];
+    }
+    if (n > k) {
+      reconstruct(c, n, k, Traits::kBits);
+      n = k;
+    }
+    order_candidates(c, n, p.order);
+    cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
+  });
+}
+
+template <class Traits>
+bool any_nan_rows(const TopkProblem& p) {
+  using Bits = typename Traits::Bits;
+  ThreadPool& pool = ThreadPool::global();
+  std::vector<char> found(static_cast<std::size_t>(p.batch), 0);
+  pool.parallel_for(p.batch, [&](std::int64_t b) {
+    const cpu::RowRange r = cpu::row_range(p, b);
+    const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride + r.lo;
+    const std::int64_t n = r.hi - r.lo;
+    bool any = false;
+    if constexpr (std::is_same_v<Traits, Float32Traits>) any = has_nan_f32(row, n);
+    if constexpr (std::is_same_v<Traits, BFloat16Traits>) any = has_nan_bf16(row, n);
+    if constexpr (std::is_same_v<Traits, Float16Traits>) any = has_nan_f16(row, n);
+    found[static_cast<std::size_t>(b)] = any;
+  });
+  return std::find(found.begin(), found.end(), 1) != found.end();
+}
+
+template <class Fn>
+auto with_traits(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: return fn(Float32Traits{});
+    case DType::kBFloat16: return fn(BFloat16Traits{});
+    case DType::kFloat16: return fn(Float16Traits{});
+    default: break;
+  }
+  throw Error(ErrorCode::kInternal, "cpu topk: unexpected dtype after checks");
+}
+
+}  // namespace
+
+void cpu_topk(const TopkProblem& p) {
+  if (p.batch == 0 || p.k == 0) return;
+  with_traits(p.dtype, [&](auto traits) {
+    using Traits = decltype(traits);
+    const ScoreParams sp = make_score_params<Traits>(p.largest, p.nan == NanPolicy::kIgnore);
+    run_rows<Traits>(p, sp);
+  });
+}
+
+bool cpu_topk_has_nan(const TopkProblem& p) {
+  if (p.batch == 0) return false;
+  return with_traits(p.dtype, [&](auto traits) { return any_nan_rows<decltype(traits)>(p); });
+}
+
+}  // namespace attnkit::detail

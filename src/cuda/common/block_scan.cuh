@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// Warp- and block-wide prefix sums for kernels whose blocks are a whole number of warps.
+#pragma once
+
+#include <cstdint>
+
+namespace attnkit::detail::cuda {
+
+constexpr int kWarpSize = 32;
+
+/// Inclusive prefix sum across the warp. All 32 lanes must call it.
+__device__ __forceinline__ std::uint32_t warp_inclusive_sum(std::uint32_t v) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int d = 1; d < kWarpSize; d *= 2) {
+    const std::uint32_t up = __shfl_up_sync(0xFFFFFFFFu, v, d);
+    if (lane >= d) v += up;
+  }
+  return v;
+}
+
+/// Exclusive prefix sum of `v` over the block in thread order, and the block total.
+/// \param warp_totals shared scratch of kThreads / 32 words, reusable once this returns.
+/// Contains two __syncthreads(); every thread of the block must call it.
+template <int kThreads>
+__device__ __forceinline__ std::uint32_t block_exclusive_sum(std::uint32_t v,
+                                                             std::uint32_t* warp_totals,
+                                                             std::uint32_t& total) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024");
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const std::uint32_t inclusive = warp_inclusive_sum(v);
+  if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
+  __syncthreads();
+  std::uint32_t before = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const std::uint32_t t = warp_totals[w];  // broadcast reads: no bank conflict
+    before += w < warp ? t : 0u;
+    sum += t;
+  }
+  __syncthreads();
+  total = sum;
+  return before + inclusive - v;
+}
+
+}  // namespace attnkit::detail::cuda

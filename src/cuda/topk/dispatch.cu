@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA top-k dispatch: choose the path and configuration for a checked problem, carve the
+// workspace, launch, and check the NaN flag when asked. Kernels: kernels/*.cuh; policies and
+// the plan: topk_launch.cuh; algorithm: docs/topk.md.
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cub/device/device_segmented_sort.cuh>
+#include <mutex>
+
+#include "attnkit/error.hpp"
+#include "common/topk_keys.hpp"
+#include "core/backends.hpp"
+#include "cuda/common/cuda_check.cuh"
+#include "cuda/topk/topk_launch.cuh"
+
+namespace attnkit::detail {
+namespace {
+
+using cuda::TopkKernelParams;
+using cuda::TopkPath;
+using cuda::TopkPlan;
+
+constexpr std::size_t kAlign = 256;
+
+std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+int sm_count(int device) {
+  static std::mutex mutex;
+  static std::array<int, 64> cache{};
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto d = static_cast<std::size_t>(device);
+  if (d >= cache.size()) return 132;
+  if (cache[d] == 0) {
+    cuda_check(cudaDeviceGetAttribute(&cache[d], cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(multiProcessorCount)");
+  }
+  return cache[d];
+}
+
+/// Start offset of row i's segment in the flat [B, k] array of ranked keys.
+struct RowStart {
+  std::int64_t k;
+  __host__ __device__ std::int64_t operator()(std::int64_t i) const { return i * k; }
+};
+
+using RowStartIt = thrust::transform_iterator<RowStart, thrust::counting_iterator<std::int64_t>>;
+
+std::size_t segmented_sort_bytes(std::int64_t batch, std::int64_t k, cudaStream_t stream) {
+  const RowStartIt starts(thrust::counting_iterator<std::int64_t>(0), RowStart{k});
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceSegmentedSort::SortKeysDescending(
+                 nullptr, bytes, static_cast<const std::uint64_t*>(nullptr),
+                 static_cast<std::uint64_t*>(nullptr), batch * k, batch, starts, starts + 1,
+                 stream),
+             "cub::DeviceSegmentedSort (size query)");
+  return bytes;
+}
+
+/// Byte offsets of the workspace parts; 0-sized parts are absent.
+struct Layout {
+  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, ranked_in = 0, ranked_out = 0, cub = 0;
+  std::size_t total = 0;
+};
+
+struct Launch {
+  TopkPlan plan;
+  Layout layout;
+  std::uint32_t k_select = 1, slot_stride = 4;
+};
+
+Launch make_launch(const TopkProblem& p) {
+  Launch l;
+  TopkPlan& plan = l.plan;
+  plan.batch = p.batch;
+  const std::int64_t selectable = std::min(p.k, p.row_len);
+  l.k_select = static_cast<std::uint32_t>(std::max<std::int64_t>(selectable, 1));
+  std::size_t off = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t at = off;
+    off += align_up(bytes);
+    return at;
+  };
+  if (p.nan == NanPolicy::kRaise) l.layout.nan_flag = take(sizeof(int));
+
+  if (l.k_select > cuda::kMaxFilterK) {
+    plan.path = TopkPath::kRadix;
+    if (p.order == TopkOrder::kValue) {
+      const std::size_t bytes = static_cast<std::size_t>(p.batch * p.k) * sizeof(std::uint64_t);
+      l.layout.ranked_in = take(bytes);
+      l.layout.ranked_out = take(bytes);
+      plan.cub_bytes = segmented_sort_bytes(p.batch, p.k, nullptr);
+      l.layout.cub = take(plan.cub_bytes);
+    }
+    l.layout.total = off;
+    return l;
+  }
+
+  const std::uint32_t vec = static_cast<std::uint32_t>(16 / dtype_size(p.dtype));
+  const int sms = sm_count(p.device.index);
+  const std::uint32_t k = l.k_select;
+  const std::uint32_t narrow_tile = cuda::NarrowPolicy::kThreads * vec;
+  const std::uint32_t wide_tile = cuda::WidePolicy::kThreads * vec;
+  plan.narrow = p.batch >= 2 * static_cast<std::int64_t>(sms) &&
+                k + narrow_tile + 1024 <= cuda::NarrowPolicy::kCapacity;
+  const std::uint32_t tile = plan.narrow ? narrow_tile : wide_tile;
+  const std::uint32_t capacity =
+      plan.narrow ? cuda::NarrowPolicy::kCapacity : cuda::WidePolicy::kCapacity;
+  // Slack: selects cost O(k + slack) and come every `slack` admissions, so it follows k, up to
+  // what the buffer holds beside k and one tile of appends.
+  const std::uint32_t slack = std::clamp<std::uint32_t>(2 * k, 1024, capacity - tile - k);
+  plan.rows_limit = k + slack;
+  plan.rows_cap = plan.rows_limit + tile;
+
+  l.slot_stride = (k + 3) / 4 * 4;
+  if (!plan.narrow && p.batch < sms) {
+    // Cut rows so that the grid covers the GPU, each slice streams >= 4 tiles, and the merge
+    // reads at most 32K candidates per row.
+    const std::int64_t want = sms / p.batch;
+    const std::int64_t by_length = p.row_len / (4 * static_cast<std::int64_t>(tile));
+    const std::int64_t by_merge = 32768 / l.slot_stride;
+    plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
+  }
+  if (plan.slices > 1) {
+    const std::uint32_t merge_tile = cuda::WidePolicy::kThreads * 4;
+    const std::uint32_t merge_slack = std::clamp<std::uint32_t>(
+        2 * k, 1024, cuda::WidePolicy::kCapacity - merge_tile - k);
+    plan.merge_limit = k + merge_slack;
+    plan.merge_cap = plan.merge_limit + merge_tile;
+    const std::size_t bytes =
+        static_cast<std::size_t>(p.batch) * plan.slices * l.slot_stride * sizeof(std::uint32_t);
+    l.layout.slice_key = take(bytes);
+    l.layout.slice_col = take(bytes);
+  }
+  l.layout.total = off;
+  return l;
+}
+
+TopkKernelParams make_params(const TopkProblem& p, const Launch& l, char* ws) {
+  TopkKernelParams k{};
+  k.x = p.x;
+  k.row_len = p.row_len;
+  k.row_stride = p.row_stride;
+  k.begin = p.begin.data;
+  k.begin_stride = p.begin.stride;
+  k.begin_is_int64 = p.begin.is_int64;
+  k.end = p.end.data;
+  k.end_stride = p.end.stride;
+  k.end_is_int64 = p.end.is_int64;
+  k.index_offset = p.index_offset.data;
+  k.index_offset_stride = p.index_offset.stride;
+  k.index_offset_is_int64 = p.index_offset.is_int64;
+  k.values = p.values;
+  k.values_row_stride = p.values_row_stride;
+  k.indices = p.indices;
+  k.indices_row_stride = p.indices_row_stride;
+  k.indices_int64 = p.indices_int64;
+  k.k = p.k;
+  k.index_fill = p.index_fill;
+  k.value_fill_bits = p.value_fill_bits;
+  const bool ignore = p.nan == NanPolicy::kIgnore;
+  switch (p.dtype) {
+    case DType::kFloat32: k.sp = make_score_params<Float32Traits>(p.largest, ignore); break;
+    case DType::kBFloat16: k.sp = make_score_params<BFloat16Traits>(p.largest, ignore); break;
+    default: k.sp = make_score_params<Float16Traits>(p.largest, ignore); break;
+  }
+  k.sort_by_value = p.order == TopkOrder::kValue;
+  k.k_select = l.k_select;
+  k.slices = l.plan.slices;
+  k.slot_stride = l.slot_stride;
+  if (l.plan.slices > 1) {
+    k.slice_key = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_key);
+    k.slice_col = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_col);
+  }
+  if (l.plan.path == TopkPath::kRadix && p.order == TopkOrder::kValue) {
+    k.ranked = reinterpret_cast<std::uint64_t*>(ws + l.layout.ranked_in);
+  }
+  if (p.nan == NanPolicy::kRaise) k.nan_flag = reinterpret_cast<int*>(ws + l.layout.nan_flag);
+  return k;
+}
+
+template <class Fn>
+void with_traits(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: fn(Float32Traits{}); return;
+    case DType::kBFloat16: fn(BFloat16Traits{}); return;
+    case DType::kFloat16: fn(Float16Traits{}); return;
+    default: break;
+  }
+  throw Error(ErrorCode::kInternal, "cuda topk: unexpected dtype after checks");
+}
+
+/// An NVTX range around one public call, so that profiles show attnkit's share.
+struct NvtxRange {
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+};
+
+}  // namespace
+
+std::size_t cuda_topk_workspace_size(const TopkProblem& p) {
+  if (p.batch == 0 || p.k == 0) return 0;
+  DeviceGuard guard(p.device.index);
+  return make_launch(p).layout.total;
+}
+
+void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_bytes,
+               cudaStream_t stream) {
+  if (p.batch == 0 || p.k == 0) return;
+  DeviceGuard guard(p.device.index);
+  NvtxRange range("attnkit::topk");
+  const Launch l = make_launch(p);
+  if (workspace_bytes < l.layout.total) {
+    throw Error(ErrorCode::kInternal, "cuda topk: workspace smaller than its own size query");
+  }
+  char* ws = static_cast<char*>(workspace);
+  const TopkKernelParams params = make_params(p, l, ws);
+#if defined(ATTNKIT_LOG_LAUNCHES)
+  std::fprintf(stderr,
+               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d limit=%u cap=%u\n",
+               static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
+               static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix ? "radix" : "filter",
+               l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.rows_limit,
+               l.plan.rows_cap);
+#endif
+  if (params.nan_flag != nullptr) {
+    cuda_check(cudaMemsetAsync(params.nan_flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+  }
+  with_traits(p.dtype, [&](auto traits) {
+    using Traits = decltype(traits);
+    cuda::launch_topk<Traits>(l.plan, params, stream);
+    if (params.ranked != nullptr) {
+      auto* sorted = reinterpret_cast<std::uint64_t*>(ws + l.layout.ranked_out);
+      const RowStartIt starts(thrust::counting_iterator<std::int64_t>(0), RowStart{p.k});
+      std::size_t bytes = l.plan.cub_bytes;
+      cuda_check(cub::DeviceSegmentedSort::SortKeysDescending(
+                     ws + l.layout.cub, bytes, params.ranked, sorted, p.batch * p.k, p.batch,
+                     starts, starts + 1, stream),
+                 "cub::DeviceSegmentedSort");
+      cuda::launch_ranked<Traits>(l.plan, params, sorted, stream);
+    }
+  });
+  if (params.nan_flag != nullptr) {
+    int found = 0;
+    cuda_copy_to_host(&found, params.nan_flag, sizeof found, stream);
+    if (found) {
+      throw Error(ErrorCode::kNanFound,
+                  "topk: x holds a NaN inside a row's valid range and nan = \"raise\"");
+    }
+  }
+}
+
+}  // namespace attnkit::detail

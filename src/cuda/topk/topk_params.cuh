@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// The by-value parameter block of every top-k kernel, filled by dispatch.cu from a checked
+// TopkProblem. Kernels read it and never validate it.
+#pragma once
+
+#include <cstdint>
+
+#include "common/topk_keys.hpp"
+
+namespace attnkit::detail::cuda {
+
+struct TopkKernelParams {
+  // Input rows.
+  const void* x;
+  std::int64_t row_len;
+  std::int64_t row_stride;  // elements
+  const void* begin;
+  std::int64_t begin_stride;
+  const void* end;
+  std::int64_t end_stride;
+  const void* index_offset;
+  std::int64_t index_offset_stride;
+  bool begin_is_int64, end_is_int64, index_offset_is_int64;
+
+  // Outputs.
+  void* values;  // nullptr: values not returned
+  std::int64_t values_row_stride;
+  void* indices;
+  std::int64_t indices_row_stride;
+  bool indices_int64;
+  std::int64_t k;  // output width; slots past the selected ones are padding
+  std::int64_t index_fill;
+  std::uint32_t value_fill_bits;
+
+  // Selection.
+  ScoreParams sp;
+  bool sort_by_value;
+  std::uint32_t k_select;  // candidates a CTA keeps: min(k, N), at least 1
+  std::uint32_t limit;     // buffer fill that triggers a select
+  std::uint32_t cap;       // buffer slots (shared memory holds key[cap] and col[cap])
+
+  // Row slicing (slices > 1): each slice's best k_select go to slice_key/slice_col.
+  int slices;
+  std::uint32_t slot_stride;  // slots per slice, a multiple of 4
+  std::uint32_t* slice_key;
+  std::uint32_t* slice_col;
+
+  // Large k: (score << 32 | ~column) per selected element, [B, k], for sorted="value".
+  std::uint64_t* ranked;
+
+  int* nan_flag;  // set to 1 when a NaN is seen; nullptr unless nan = "raise"
+};
+
+}  // namespace attnkit::detail::cuda
