@@ -94,7 +94,10 @@ void ThreadPool::worker_loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       ++sleepers_;
-      wake_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+      // stopping_ too: a worker that starts after stop() must not wait for a later generation.
+      wake_.wait(lock, [&] {
+        return stopping_ || generation_.load(std::memory_order_relaxed) != seen;
+      });
       --sleepers_;
       seen = generation_.load(std::memory_order_relaxed);
       if (stopping_) return;
