@@ -8,11 +8,16 @@ DLPack tensor, and return the caller's array type. ``import attnkit.torch`` regi
 
 from __future__ import annotations
 
+# NumPy and ml_dtypes load before the extension: on some systems importing ml_dtypes after a
+# module linked to another libstdc++ build crashes inside its number formatting.
+import ml_dtypes  # noqa: F401
+import numpy  # noqa: F401
+
 from . import _ext
-from .topk import topk
+from .topk import topk, TopkResult
 
 __version__ = "0.1.0"
-__all__ = ["topk", "num_threads", "set_num_threads", "info", "cuda_available"]
+__all__ = ["topk", "TopkResult", "num_threads", "set_num_threads", "info", "cuda_available"]
 
 
 def num_threads() -> int:

@@ -3,10 +3,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union
+import operator
+from typing import Any, NamedTuple, Optional, Union
 
 from . import _arrays
 from . import _ext
+
+
+class TopkResult(NamedTuple):
+    """``(values, indices)``, also reachable as ``.values`` and ``.indices`` (as torch.topk's)."""
+
+    values: Any
+    indices: Any
+
 
 _ORDERS = {"none": 0, "index": 1, "value": 2, False: 0, True: 2}
 _NANS = {"largest": 0, "ignore": 1, "raise": 2}
@@ -42,7 +51,7 @@ def topk(
     ties: str = "lowest_index",
     check: Optional[bool] = None,
     backend: str = "auto",
-) -> Tuple[Any, Any]:
+) -> TopkResult:
     """The k best elements of each row of ``x``, with their column indices.
 
     Parameters
@@ -89,18 +98,21 @@ def topk(
 
     Returns
     -------
-    values : array [B, k] of x's dtype, or None
-        The selected values, bit-identical to the input elements.
-    indices : array [B, k] of ``indices_dtype``
-        Their column indices (plus ``index_offset``).
+    TopkResult
+        A named tuple ``(values, indices)``:
+        ``values``, array [B, k] of x's dtype, or None: the selected values, bit-identical to
+        the input elements; ``indices``, array [B, k] of ``indices_dtype``: their column
+        indices (plus ``index_offset``). With torch tensors that require grad (and grad mode
+        on), ``values`` carries a gradient back to the selected elements of ``x``.
 
     Raises
     ------
     ValueError
         Bad shapes, negative k, out-of-range ``begin``/``end``/``index_offset`` (when checked),
-        overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options.
+        overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options,
+        ``out_values`` given with ``return_values=False``.
     TypeError
-        Unsupported dtypes.
+        Unsupported dtypes; a k that is not an integer.
     RuntimeError
         A CUDA runtime failure.
 
@@ -128,27 +140,44 @@ def topk(
     if _arrays.is_torch(x):
         import torch
 
-        if torch.compiler.is_compiling():
-            from . import torch as _torch_ops  # noqa: F401  (registers torch.ops.attnkit)
+        # Inside torch.compile, and whenever autograd must see the op, go through the
+        # dispatcher (torch.ops.attnkit.topk, registered by attnkit.torch).
+        needs_grad = return_values and x.requires_grad and torch.is_grad_enabled()
+        if torch.compiler.is_compiling() or needs_grad:
+            from . import torch as _torch_ops
 
-            return _torch_ops._compiled_topk(
+            return TopkResult(*_torch_ops._dispatched_topk(
                 x, k, largest=largest, sorted=sorted, begin=begin, end=end,
                 indices_dtype=indices_dtype, return_values=return_values, out_values=out_values,
                 out_indices=out_indices, index_offset=index_offset, index_fill=index_fill,
-                value_fill=value_fill, nan=nan, ties=ties, check=check)
+                value_fill=value_fill, nan=nan, ties=ties, check=check))
 
     order = _choice("sorted", sorted, _ORDERS)
     nan_code = _choice("nan", nan, _NANS)
     ties_code = _choice("ties", ties, _TIES)
     check_code = _choice("check", check, _CHECKS)
     backend_code = _choice("backend", backend, _BACKENDS)
-    k = int(k)
+    if isinstance(k, bool):
+        raise TypeError(f"topk: k = {k!r}; expected an integer")
+    try:
+        k = operator.index(k)
+    except TypeError:
+        raise TypeError(f"topk: k = {k!r}; expected an integer") from None
+    if out_values is not None and not return_values:
+        raise ValueError("topk: out_values is given but return_values = False")
+    if out_indices is None:
+        try:
+            index_name = _arrays.dtype_name(indices_dtype)
+        except TypeError:
+            index_name = None
+        if index_name not in ("int32", "int64"):
+            raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
 
     shape = tuple(getattr(x, "shape", ()))
     # A negative k still allocates (empty) outputs so that the C++ check reports it by name.
     out_shape = (*shape[:-1], max(k, 0)) if len(shape) >= 1 else (max(k, 0),)
     if out_indices is None:
-        out_indices = _arrays.empty(x, out_shape, _arrays.dtype_name(indices_dtype))
+        out_indices = _arrays.empty(x, out_shape, index_name)
         made_indices = True
     else:
         made_indices = False
@@ -184,7 +213,7 @@ def topk(
     if made_values:
         values = _arrays.to_caller(values, x)
     indices = _arrays.to_caller(out_indices, x) if made_indices else out_indices
-    return values, indices
+    return TopkResult(values, indices)
 
 
 def _aligned(view: tuple) -> tuple:

@@ -2,16 +2,19 @@
 """attnkit's ops as PyTorch custom ops (``torch.ops.attnkit.*``).
 
 Importing this module registers every op with ``torch.library`` (schema, CPU and CUDA kernels,
-and a fake kernel for shape propagation), so that the ops work inside
-``torch.compile(fullgraph=True)`` and CUDA graph capture. ``attnkit.topk`` called on torch
-tensors inside ``torch.compile`` routes here by itself; eager calls skip the dispatcher.
+a fake kernel for shape propagation and an autograd formula), so that the ops work inside
+``torch.compile(fullgraph=True)``, in CUDA graph capture and under autograd. ``attnkit.topk``
+called on torch tensors routes here by itself inside ``torch.compile`` and when autograd must
+record the call; other eager calls skip the dispatcher.
 
 Ops
 ---
 ``attnkit::topk(Tensor x, SymInt k, bool largest, str sorted, Tensor? begin, Tensor? end,
 ScalarType? indices_dtype, bool return_values, Tensor? index_offset, int index_fill,
 float? value_fill, str nan, str ties, bool? check) -> (Tensor values, Tensor indices)``
-    ``values`` is an empty tensor when ``return_values`` is False.
+    ``values`` is an empty tensor when ``return_values`` is False. Differentiable in ``x``:
+    the gradient of a selected value flows to its element; padding slots (index equal to
+    ``index_fill``) carry none.
 
 ``attnkit::topk_out(..., Tensor(a!)? out_values, Tensor(b!) out_indices) -> ()``
     Writes caller buffers in place.
@@ -23,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import topk as _topk_module
+from .topk import topk as _eager_topk
 
 _LIB = torch.library.Library("attnkit", "DEF")
 
@@ -44,10 +47,11 @@ def _out_shape(x: torch.Tensor, k: int) -> tuple:
     return (*x.shape[:-1], k) if x.dim() >= 1 else (k,)
 
 
-def _topk_impl(x, k, largest, sorted, begin, end, indices_dtype, return_values, index_offset,
-               index_fill, value_fill, nan, ties, check):
-    values, indices = _topk_module.topk(
-        x, k, largest=largest, sorted=sorted, begin=begin, end=end,
+def _topk_impl(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
+               return_values=True, index_offset=None, index_fill=-1, value_fill=None,
+               nan="largest", ties="lowest_index", check=None):
+    values, indices = _eager_topk(
+        x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         indices_dtype=indices_dtype or torch.int64, return_values=return_values,
         index_offset=index_offset, index_fill=index_fill, value_fill=value_fill, nan=nan,
         ties=ties, check=check)
@@ -56,8 +60,9 @@ def _topk_impl(x, k, largest, sorted, begin, end, indices_dtype, return_values, 
     return values, indices
 
 
-def _topk_fake(x, k, largest, sorted, begin, end, indices_dtype, return_values, index_offset,
-               index_fill, value_fill, nan, ties, check):
+def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
+               return_values=True, index_offset=None, index_fill=-1, value_fill=None,
+               nan="largest", ties="lowest_index", check=None):
     shape = _out_shape(x, k)
     values = x.new_empty(shape) if return_values else x.new_empty((0,))
     return values, x.new_empty(shape, dtype=indices_dtype or torch.int64)
@@ -65,8 +70,8 @@ def _topk_fake(x, k, largest, sorted, begin, end, indices_dtype, return_values, 
 
 def _topk_out_impl(x, k, largest, sorted, begin, end, index_offset, index_fill, value_fill, nan,
                    ties, check, out_values, out_indices):
-    _topk_module.topk(
-        x, k, largest=largest, sorted=sorted, begin=begin, end=end,
+    _eager_topk(
+        x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         return_values=out_values is not None, out_values=out_values, out_indices=out_indices,
         index_offset=index_offset, index_fill=index_fill, value_fill=value_fill, nan=nan,
         ties=ties, check=check)
@@ -77,19 +82,45 @@ def _topk_out_fake(x, k, largest, sorted, begin, end, index_offset, index_fill, 
     return None
 
 
+def _setup_context(ctx, inputs, output):
+    x, k = inputs[0], inputs[1]
+    index_offset = inputs[8] if len(inputs) > 8 else None
+    index_fill = inputs[9] if len(inputs) > 9 else -1
+    ctx.x_shape = x.shape
+    ctx.index_fill = index_fill
+    ctx.save_for_backward(output[1], index_offset)
+
+
+def _backward(ctx, grad_values, grad_indices):
+    indices, index_offset = ctx.saved_tensors
+    if grad_values is None or grad_values.numel() == 0:
+        return (None,) * 14
+    n = ctx.x_shape[-1]
+    cols = indices.long()
+    real = indices != ctx.index_fill
+    if index_offset is not None:
+        cols = cols - index_offset.long().reshape(-1, *([1] * (cols.dim() - 1)))
+    real &= (cols >= 0) & (cols < n)
+    grad_x = grad_values.new_zeros(ctx.x_shape)
+    grad_x.scatter_add_(-1, cols.clamp(0, max(n - 1, 0)), torch.where(real, grad_values, 0))
+    return (grad_x,) + (None,) * 13
+
+
 for _key in ("CPU", "CUDA"):
     _LIB.impl("topk", _topk_impl, _key)
     _LIB.impl("topk_out", _topk_out_impl, _key)
 torch.library.register_fake("attnkit::topk", _topk_fake, lib=_LIB)
 torch.library.register_fake("attnkit::topk_out", _topk_out_fake, lib=_LIB)
+torch.library.register_autograd("attnkit::topk", _backward, setup_context=_setup_context,
+                                lib=_LIB)
 
 
-def _compiled_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, begin, end,
-                   indices_dtype: Any, return_values: bool, out_values, out_indices,
-                   index_offset, index_fill: int, value_fill: Optional[float], nan: str,
-                   ties: str, check: Optional[bool]):
-    """attnkit.topk's path inside torch.compile: the same arguments, through the dispatcher."""
-    order = {True: "value", False: "none"}.get(sorted, sorted) if isinstance(sorted, bool) else sorted
+def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, begin, end,
+                     indices_dtype: Any, return_values: bool, out_values, out_indices,
+                     index_offset, index_fill: int, value_fill: Optional[float], nan: str,
+                     ties: str, check: Optional[bool]):
+    """attnkit.topk through the dispatcher: the same arguments and results."""
+    order = ("value" if sorted else "none") if isinstance(sorted, bool) else sorted
     if out_indices is not None:
         torch.ops.attnkit.topk_out(
             x, k, largest, order, begin, end, index_offset, index_fill, value_fill, nan, ties,

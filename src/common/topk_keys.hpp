@@ -76,4 +76,19 @@ ATTNKIT_HD std::uint32_t score_of(std::uint32_t bits, ScoreParams p) {
   return mag > Traits::kInf ? p.nan_score : (asc ^ p.flip);
 }
 
+/// The bit pattern (in Traits' format) of a value B such that, for every element x,
+///   score(x) > threshold  implies  !(x < B) when largest, !(x > B) when smallest,
+/// where a comparison with a NaN is false, so NaNs always pass. The filters test this one
+/// float comparison first and compute exact scores only for the elements that pass it.
+template <class Traits>
+ATTNKIT_HD std::uint32_t prefilter_bound_bits(std::uint32_t threshold, ScoreParams p) {
+  const bool largest = p.flip == 0;
+  const std::uint32_t neg_inf = Traits::kSign | Traits::kInf, pos_inf = Traits::kInf;
+  if (threshold == kExcludedScore) return largest ? neg_inf : pos_inf;  // everything may pass
+  const std::uint32_t asc = threshold ^ p.flip;
+  if (asc > Traits::kSign + Traits::kInf) return largest ? pos_inf : neg_inf;  // only NaN beats it
+  // asc = SIGN + mag for x >= 0, SIGN - mag for x < 0 (see score_of).
+  return asc >= Traits::kSign ? asc - Traits::kSign : (Traits::kSign | (Traits::kSign - asc));
+}
+
 }  // namespace attnkit::detail

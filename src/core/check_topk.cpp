@@ -30,6 +30,7 @@ RowVector check_row_vector(const char* arg, const std::optional<TensorView>& may
   }
   check_dtype(kOp, arg, t, {DType::kInt32, DType::kInt64});
   check_device(kOp, arg, t, device);
+  check_element_aligned(kOp, arg, t);
   return RowVector{t.data, t.dtype == DType::kInt64, t.strides[0]};
 }
 
@@ -46,6 +47,7 @@ void check_output(const char* arg, const TensorView& t, const TensorView& x, std
   }
   check_device(kOp, arg, t, x.device);
   check_last_dim_contiguous(kOp, arg, t);
+  check_element_aligned(kOp, arg, t);
   check_rows_disjoint(kOp, arg, t);
 }
 
@@ -83,6 +85,7 @@ TopkProblem check_topk(const TopkTensors& t, const TopkOptions& o) {
   }
   check_dtype(kOp, "x", x, {DType::kFloat32, DType::kBFloat16, DType::kFloat16});
   check_last_dim_contiguous(kOp, "x", x);
+  check_element_aligned(kOp, "x", x);
   p.batch = x.ndim == 2 ? x.shape[0] : 1;
   p.row_len = x.shape[x.ndim - 1];
   p.row_stride = x.ndim == 2 ? x.strides[0] : 0;

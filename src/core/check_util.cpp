@@ -52,7 +52,7 @@ void check_device(const char* op, const char* arg, const TensorView& t, Device d
 }
 
 void check_last_dim_contiguous(const char* op, const char* arg, const TensorView& t) {
-  if (t.ndim == 0) return;
+  if (t.ndim == 0 || t.numel() == 0) return;  // empty views have arbitrary strides (NumPy: 0)
   const int d = t.ndim - 1;
   if (t.shape[d] > 1 && t.strides[d] != 1) {
     fail(ErrorCode::kLayout, op,
@@ -72,6 +72,16 @@ void check_storage(const char* op, const char* arg, const TensorView& t) {
     fail(ErrorCode::kValue, op,
          std::string(arg) + " has " + std::to_string(t.numel()) +
              " elements but a null data pointer");
+  }
+}
+
+void check_element_aligned(const char* op, const char* arg, const TensorView& t) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
+  const std::size_t elem = dtype_size(t.dtype);
+  if (t.numel() > 0 && elem != 0 && addr % elem != 0) {
+    fail(ErrorCode::kLayout, op,
+         std::string(arg) + ".data = " + std::to_string(addr) + " is not a multiple of its " +
+             std::to_string(elem) + "-byte element size");
   }
 }
 
@@ -104,7 +114,7 @@ void check_no_overlap(const char* op, const char* out_arg, const TensorView& out
 }
 
 void check_rows_disjoint(const char* op, const char* arg, const TensorView& t) {
-  if (t.ndim != 2 || t.shape[0] <= 1 || t.shape[1] == 0) return;
+  if (t.ndim != 2 || t.shape[0] <= 1 || t.shape[1] == 0) return;  // also every empty view
   if (std::llabs(t.strides[0]) < t.shape[1]) {
     fail(ErrorCode::kLayout, op,
          std::string(arg) + ".stride(0) = " + std::to_string(t.strides[0]) +

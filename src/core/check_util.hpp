@@ -31,6 +31,10 @@ void check_last_dim_contiguous(const char* op, const char* arg, const TensorView
 /// A non-empty view's data pointer is not null, and no size is negative.
 void check_storage(const char* op, const char* arg, const TensorView& t);
 
+/// The data pointer is a multiple of the element size (every framework allocates so; a view
+/// offset by a fraction of an element cannot be read with typed loads).
+void check_element_aligned(const char* op, const char* arg, const TensorView& t);
+
 /// Byte range [lo, hi) a view can touch; lo == hi for an empty view.
 struct ByteExtent {
   std::uintptr_t lo = 0, hi = 0;

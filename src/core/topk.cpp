@@ -32,14 +32,8 @@ std::size_t required_workspace(const TopkProblem& p) {
 RowVector host_copy(const RowVector& v, std::int64_t batch, std::vector<std::int64_t>& storage,
                     cudaStream_t stream) {
   if (v.data == nullptr || batch == 0) return {};
-  const std::size_t elem = v.is_int64 ? 8 : 4;
-  if (v.stride != 1) {
-    throw Error(ErrorCode::kLayout,
-                "topk: check=True on CUDA needs contiguous begin/end/index_offset (stride " +
-                    std::to_string(v.stride) + " seen)");
-  }
   storage.resize(static_cast<std::size_t>(batch));
-  detail::cuda_copy_to_host(storage.data(), v.data, elem * static_cast<std::size_t>(batch), stream);
+  detail::cuda_copy_to_host(storage.data(), v.data, v.is_int64 ? 8 : 4, batch, v.stride, stream);
   return RowVector{storage.data(), v.is_int64, 1};
 }
 #endif

@@ -88,18 +88,12 @@ struct FilterResult {
   std::size_t appended;   // candidates written
 };
 
-/// A float f with score(v) > threshold  =>  v >= f (largest) or v <= f (smallest), or v is a
-/// NaN. Comparing floats costs fewer vector instructions than computing scores, so the filter
-/// tests groups with it and scores only the groups that pass.
+/// The float bound of the prefilter (prefilter_bound_bits): score(v) > threshold implies
+/// v >= bound (largest) or v <= bound (smallest), or v is a NaN. Comparing floats costs fewer
+/// vector instructions than computing scores, so blocks are tested with it first.
 template <class Traits>
 float prefilter_bound(std::uint32_t threshold, ScoreParams sp) {
-  const bool largest = sp.flip == 0;
-  if (threshold == kExcludedScore) return largest ? -INFINITY : INFINITY;
-  const std::uint32_t asc = threshold ^ sp.flip;
-  if (asc > Traits::kSign + Traits::kInf) return largest ? INFINITY : -INFINITY;  // NaN score
-  const std::uint32_t bits =
-      asc >= Traits::kSign ? asc - Traits::kSign : (Traits::kSign | (Traits::kSign - asc));
-  return to_float<Traits>(bits);
+  return to_float<Traits>(prefilter_bound_bits<Traits>(threshold, sp));
 }
 
 /// Whether element j of a block may beat the threshold: a superset test (prefilter_bound).

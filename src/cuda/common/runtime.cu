@@ -3,6 +3,8 @@
 // and build information.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -52,9 +54,26 @@ void cuda_pool_free(Device device, void* ptr, cudaStream_t stream) {
   cuda_check(cudaFreeAsync(ptr, stream), "cudaFreeAsync (workspace)");
 }
 
-void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+void cuda_copy_to_host(void* dst, const void* src, std::size_t elem_bytes, std::int64_t count,
+                       std::int64_t stride, cudaStream_t stream) {
+  if (count <= 0) return;
+  // cudaMemcpy2D takes unsigned pitches: a negative stride is copied from its last element
+  // upwards and reversed on the host.
+  const char* first = static_cast<const char*>(src);
+  if (stride < 0) first += (count - 1) * stride * static_cast<std::int64_t>(elem_bytes);
+  const std::size_t pitch = static_cast<std::size_t>(stride < 0 ? -stride : stride) * elem_bytes;
+  cuda_check(cudaMemcpy2DAsync(dst, elem_bytes, first, pitch == 0 ? elem_bytes : pitch, elem_bytes,
+                               static_cast<std::size_t>(count), cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpy2DAsync");
   cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (stride < 0) {
+    char* d = static_cast<char*>(dst);
+    for (std::int64_t i = 0, j = count - 1; i < j; ++i, --j) {
+      std::swap_ranges(d + i * static_cast<std::int64_t>(elem_bytes),
+                       d + (i + 1) * static_cast<std::int64_t>(elem_bytes),
+                       d + j * static_cast<std::int64_t>(elem_bytes));
+    }
+  }
 }
 
 std::string cuda_build_info() {

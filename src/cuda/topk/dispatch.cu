@@ -20,6 +20,19 @@
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/topk/topk_launch.cuh"
 
+// Instantiated once per dtype in the generated topk_<dtype>.cu units, not here.
+namespace attnkit::detail::cuda {
+#define ATTNKIT_TOPK_EXTERN(Traits)                                                           \
+  extern template void launch_topk<Traits>(const TopkPlan&, const TopkKernelParams&,         \
+                                           cudaStream_t);                                    \
+  extern template void launch_ranked<Traits>(const TopkPlan&, const TopkKernelParams&,       \
+                                             const std::uint64_t*, cudaStream_t);
+ATTNKIT_TOPK_EXTERN(Float32Traits)
+ATTNKIT_TOPK_EXTERN(BFloat16Traits)
+ATTNKIT_TOPK_EXTERN(Float16Traits)
+#undef ATTNKIT_TOPK_EXTERN
+}  // namespace attnkit::detail::cuda
+
 namespace attnkit::detail {
 namespace {
 
@@ -102,37 +115,29 @@ Launch make_launch(const TopkProblem& p) {
     return l;
   }
 
-  const std::uint32_t vec = static_cast<std::uint32_t>(16 / dtype_size(p.dtype));
   const int sms = sm_count(p.device.index);
   const std::uint32_t k = l.k_select;
-  const std::uint32_t narrow_tile = cuda::NarrowPolicy::kThreads * vec;
-  const std::uint32_t wide_tile = cuda::WidePolicy::kThreads * vec;
-  plan.narrow = p.batch >= 2 * static_cast<std::int64_t>(sms) &&
-                k + narrow_tile + 1024 <= cuda::NarrowPolicy::kCapacity;
-  const std::uint32_t tile = plan.narrow ? narrow_tile : wide_tile;
-  const std::uint32_t capacity =
-      plan.narrow ? cuda::NarrowPolicy::kCapacity : cuda::WidePolicy::kCapacity;
-  // Slack: selects cost O(k + slack) and come every `slack` admissions, so it follows k, up to
-  // what the buffer holds beside k and one tile of appends.
-  const std::uint32_t slack = std::clamp<std::uint32_t>(2 * k, 1024, capacity - tile - k);
-  plan.rows_limit = k + slack;
-  plan.rows_cap = plan.rows_limit + tile;
+  // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory.
+  const cuda::BufferPlan narrow =
+      cuda::buffer_plan(k, cuda::NarrowPolicy::kRound, cuda::kNarrowSmem, p.row_len);
+  plan.narrow = p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem;
+  const std::uint32_t round = plan.narrow ? cuda::NarrowPolicy::kRound : cuda::WidePolicy::kRound;
 
   l.slot_stride = (k + 3) / 4 * 4;
   if (!plan.narrow && p.batch < sms) {
-    // Cut rows so that the grid covers the GPU, each slice streams >= 4 tiles, and the merge
+    // Cut rows so that the grid covers the GPU, each slice streams >= 2 rounds, and the merge
     // reads at most 32K candidates per row.
     const std::int64_t want = sms / p.batch;
-    const std::int64_t by_length = p.row_len / (4 * static_cast<std::int64_t>(tile));
+    const std::int64_t by_length = p.row_len / (2 * static_cast<std::int64_t>(round));
     const std::int64_t by_merge = 32768 / l.slot_stride;
     plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
   }
+  plan.rows = plan.narrow ? narrow
+                          : cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem,
+                                              (p.row_len + plan.slices - 1) / plan.slices);
   if (plan.slices > 1) {
-    const std::uint32_t merge_tile = cuda::WidePolicy::kThreads * 4;
-    const std::uint32_t merge_slack = std::clamp<std::uint32_t>(
-        2 * k, 1024, cuda::WidePolicy::kCapacity - merge_tile - k);
-    plan.merge_limit = k + merge_slack;
-    plan.merge_cap = plan.merge_limit + merge_tile;
+    plan.merge = cuda::buffer_plan(k, cuda::kMergeRound, cuda::kMaxDynamicSmem,
+                                   static_cast<std::int64_t>(plan.slices) * l.slot_stride);
     const std::size_t bytes =
         static_cast<std::size_t>(p.batch) * plan.slices * l.slot_stride * sizeof(std::uint32_t);
     l.layout.slice_key = take(bytes);
@@ -223,11 +228,11 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
   const TopkKernelParams params = make_params(p, l, ws);
 #if defined(ATTNKIT_LOG_LAUNCHES)
   std::fprintf(stderr,
-               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d limit=%u cap=%u\n",
+               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d limit=%u smem=%zu\n",
                static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
                static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix ? "radix" : "filter",
-               l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.rows_limit,
-               l.plan.rows_cap);
+               l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.rows.limit,
+               l.plan.rows.smem());
 #endif
   if (params.nan_flag != nullptr) {
     cuda_check(cudaMemsetAsync(params.nan_flag, 0, sizeof(int), stream), "cudaMemsetAsync");
@@ -248,7 +253,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
   });
   if (params.nan_flag != nullptr) {
     int found = 0;
-    cuda_copy_to_host(&found, params.nan_flag, sizeof found, stream);
+    cuda_copy_to_host(&found, params.nan_flag, sizeof found, 1, 1, stream);
     if (found) {
       throw Error(ErrorCode::kNanFound,
                   "topk: x holds a NaN inside a row's valid range and nan = \"raise\"");

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -20,31 +21,68 @@ namespace attnkit::detail::cuda {
 // Policies
 // ---------------------------------------------------------------------------------------------
 
-/// One filter-kernel configuration. kItems * kThreads is the candidate buffer's capacity.
-template <int kThreadsV, int kItemsV, int kPrefetchV, int kMinBlocksV>
+/// One rows-kernel configuration.
+template <int kThreadsV, int kPrefetchV, int kMinBlocksV>
 struct FilterPolicy {
   static constexpr int kThreads = kThreadsV;
-  static constexpr int kItems = kItemsV;
+  // 16-byte vectors per thread in flight: 64 bytes a thread, 32 KB an SM, which covers the
+  // DRAM latency at the per-SM share of bandwidth within 128 registers a thread.
   static constexpr int kPrefetch = kPrefetchV;
-  static constexpr int kMinBlocks = kMinBlocksV;
-  static constexpr std::uint32_t kCapacity = kThreadsV * kItemsV;
+  static constexpr int kMinBlocks = kMinBlocksV;  // CTAs per SM the registers must allow
+  static constexpr std::uint32_t kRound = kThreadsV * 16;  // elements per round (16 per thread)
   static_assert(kThreadsV % 32 == 0 && kThreadsV >= 256, "whole warps; one thread per radix bin");
-  static_assert(kItemsV % 2 == 1, "odd staging stride: conflict-free shared-memory reads");
-  static_assert(kThreadsV * kItemsV <= 65535, "select_best packs counts in 16 bits");
-  static_assert(kThreadsV * kItemsV * 8 <= 227 * 1024, "key and column buffers fit shared memory");
 };
 
-// 512 threads, 12800 slots (100 KB): long rows, small batches (slices), k up to 4096.
-using WidePolicy = FilterPolicy<512, 25, 4, 1>;
-// 256 threads, 6400 slots, two CTAs per SM: many rows, k up to 2048, so that one CTA's
-// selects and epilogue overlap another's loads.
-using NarrowPolicy = FilterPolicy<256, 25, 4, 2>;
+// 512 threads, one CTA per SM: long rows, small batches (sliced), k up to kMaxFilterK.
+using WidePolicy = FilterPolicy<512, 4, 1>;
+// 256 threads, two CTAs per SM: many rows, so that one CTA's selects and epilogue overlap
+// another's loads.
+using NarrowPolicy = FilterPolicy<256, 4, 2>;
+// The merge kernel streams one 16-byte vector of keys per thread per round.
+constexpr int kMergeThreads = 512;
+constexpr std::uint32_t kMergeRound = kMergeThreads * 4;
 // The radix path for larger k.
 constexpr int kRadixThreads = 512;
-// Largest k the filter kernels take: the buffer must hold k, one tile of appends and slack.
+// Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
-static_assert(kMaxFilterK + 512 * 8 + 1024 <= WidePolicy::kCapacity,
-              "the wide policy holds k = kMaxFilterK with a bf16 tile and 1024 slack");
+// Dynamic shared memory a CTA may take: 227 KB less the static part (per-warp histograms,
+// 16 KB for 512 threads).
+constexpr std::size_t kMaxDynamicSmem = 200 * 1024;
+// Dynamic shared memory that still lets two narrow CTAs (8 KB static each) share an SM's 228 KB.
+constexpr std::size_t kNarrowSmem = 100 * 1024;
+
+/// Shared-memory plan of one filter kernel: survivors [2][survivor_slots] and newcomers
+/// [newcomer_slots], keys and columns, 8 bytes a slot. select_into packs counts in 16 bits.
+struct BufferPlan {
+  std::uint32_t limit = 0, survivor_slots = 0, newcomer_slots = 0;
+  std::size_t smem() const { return std::size_t{8} * (2 * survivor_slots + newcomer_slots); }
+};
+
+inline std::uint32_t next_pow2_host(std::uint32_t v) {
+  std::uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+/// Slack (newcomers gathered before a select) follows k, since a select costs O(k + slack)
+/// and comes every `slack` admissions; it shrinks only when shared memory runs out. A row
+/// (slice) of `len` elements that fits in the newcomer list whole is selected once, at the end.
+inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t max_smem,
+                              std::int64_t len) {
+  BufferPlan b;
+  b.survivor_slots = next_pow2_host(k);
+  if (len <= 65535 - 2 * static_cast<std::int64_t>(b.survivor_slots)) {
+    b.newcomer_slots = static_cast<std::uint32_t>(std::max<std::int64_t>(len, 1));
+    b.limit = b.newcomer_slots + k + 1;  // never reached
+    if (b.smem() <= max_smem) return b;
+  }
+  for (std::uint32_t slack = std::max<std::uint32_t>(2 * k, 2048); ; slack /= 2) {
+    b.limit = k + slack;
+    b.newcomer_slots = b.limit + round;
+    if (b.smem() <= max_smem || slack <= 256) break;
+  }
+  return b;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Plan
@@ -54,12 +92,11 @@ enum class TopkPath { kFilter, kRadix };
 
 struct TopkPlan {
   TopkPath path = TopkPath::kFilter;
-  bool narrow = false;       // NarrowPolicy for the rows kernel (else WidePolicy)
+  bool narrow = false;  // NarrowPolicy for the rows kernel (else WidePolicy)
   std::int64_t batch = 0;
   int slices = 1;
-  std::uint32_t rows_limit = 0, rows_cap = 0;    // rows kernel buffer
-  std::uint32_t merge_limit = 0, merge_cap = 0;  // merge kernel buffer (WidePolicy)
-  std::size_t cub_bytes = 0;                     // radix path, sorted="value"
+  BufferPlan rows, merge;
+  std::size_t cub_bytes = 0;  // radix path, sorted="value"
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -69,11 +106,11 @@ struct TopkPlan {
 template <class Kernel>
 void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
             cudaStream_t stream, const TopkKernelParams& p, const char* name) {
-  if (smem > 48 * 1024) {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)),
-               name);
-  }
+  // Static plus dynamic shared memory above 48 KB needs the opt-in; setting it every launch
+  // costs a host-side store and keeps it right on every device.
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)),
+             name);
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
   cuda_check_launch(name);
 }
@@ -88,25 +125,25 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     return;
   }
   TopkKernelParams p = params;
-  p.limit = plan.rows_limit;
-  p.cap = plan.rows_cap;
-  const std::size_t smem = std::size_t{plan.rows_cap} * 8;
+  p.limit = plan.rows.limit;
+  p.survivor_slots = plan.rows.survivor_slots;
+  p.newcomer_slots = plan.rows.newcomer_slots;
   const std::int64_t blocks = plan.batch * plan.slices;
   if (plan.narrow) {
     using P = NarrowPolicy;
-    launch(topk_rows_kernel<Traits, P::kThreads, P::kItems, P::kPrefetch, P::kMinBlocks>, blocks,
-           P::kThreads, smem, stream, p, "topk_rows_kernel<256>");
+    launch(topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks>, blocks,
+           P::kThreads, plan.rows.smem(), stream, p, "topk_rows_kernel<256>");
   } else {
     using P = WidePolicy;
-    launch(topk_rows_kernel<Traits, P::kThreads, P::kItems, P::kPrefetch, P::kMinBlocks>, blocks,
-           P::kThreads, smem, stream, p, "topk_rows_kernel<512>");
+    launch(topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks>, blocks,
+           P::kThreads, plan.rows.smem(), stream, p, "topk_rows_kernel<512>");
   }
   if (plan.slices > 1) {
-    using P = WidePolicy;
-    p.limit = plan.merge_limit;
-    p.cap = plan.merge_cap;
-    launch(topk_merge_kernel<Traits, P::kThreads, P::kItems>, plan.batch, P::kThreads,
-           std::size_t{plan.merge_cap} * 8, stream, p, "topk_merge_kernel");
+    p.limit = plan.merge.limit;
+    p.survivor_slots = plan.merge.survivor_slots;
+    p.newcomer_slots = plan.merge.newcomer_slots;
+    launch(topk_merge_kernel<Traits, kMergeThreads>, plan.batch, kMergeThreads, plan.merge.smem(),
+           stream, p, "topk_merge_kernel");
   }
 }
 

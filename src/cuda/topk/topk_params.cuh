@@ -35,9 +35,10 @@ struct TopkKernelParams {
   // Selection.
   ScoreParams sp;
   bool sort_by_value;
-  std::uint32_t k_select;  // candidates a CTA keeps: min(k, N), at least 1
-  std::uint32_t limit;     // buffer fill that triggers a select
-  std::uint32_t cap;       // buffer slots (shared memory holds key[cap] and col[cap])
+  std::uint32_t k_select;        // candidates a CTA keeps: min(k, N), at least 1
+  std::uint32_t limit;           // survivors + newcomers that trigger a select
+  std::uint32_t survivor_slots;  // per survivor list: next power of two >= k_select
+  std::uint32_t newcomer_slots;  // limit + one round of appends
 
   // Row slicing (slices > 1): each slice's best k_select go to slice_key/slice_col.
   int slices;

@@ -1,21 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA top-k kernels for k <= kMaxFilterK: one read of each row through a threshold filter
-// into a candidate buffer in shared memory, cut back to k by a block radix select whenever it
-// fills. Algorithm, invariants and bound: docs/topk.md.
+// into candidate lists in shared memory, cut back to k by a block radix select whenever the
+// newcomers fill up. Algorithm, invariants and bound: docs/topk.md.
 //
-//   topk_rows_kernel   one CTA per (row, slice). A slice streams its columns in order with
-//                      16-byte loads kPrefetch tiles ahead; each tile's elements that beat
-//                      the threshold are appended in column order (a block prefix sum gives
-//                      the slots); a full buffer is cut to the best k (select_best) and the
-//                      threshold rises to the k-th key. Single-slice launches write the
-//                      outputs; multi-slice launches write each slice's best k to workspace.
+//   topk_rows_kernel   one CTA per (row, slice). A slice streams its columns in order, a round
+//                      of kU coalesced 16-byte vectors per thread at a time, kPrefetch rounds
+//                      ahead. An element is a newcomer if it may beat the threshold by one
+//                      float comparison (prefilter_bound_bits) and does by its exact score;
+//                      newcomers are appended in column order (block prefix sums, one barrier
+//                      per round). When survivors + newcomers reach `limit`, select_into keeps
+//                      the best k in the other survivor list and the threshold rises to the
+//                      k-th key. Single-slice launches write the outputs; multi-slice launches
+//                      write each slice's best k to workspace.
 //   topk_merge_kernel  one CTA per row: streams the slices' (key, column) lists, which are in
-//                      column order slice after slice, through the same filter, and writes the
+//                      column order slice after slice, through the same filter, then writes the
 //                      outputs. Used when B is too small to fill the GPU with one CTA per row.
 //
-// Thread roles: all threads load, filter and append; all take part in every select. Shared
-// memory: key[cap] and col[cap] (dynamic), SelectScratch and the per-warp append counts.
+// Thread roles: all threads load, filter and append; all take part in every select.
+// Shared memory (dynamic): survivors key/col [2][kS] (kS = next power of two >= k, so the
+// final sort fits), newcomers key/col [slack + round]; static: SelectScratch, append counts.
 #pragma once
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -52,212 +58,340 @@ __device__ __forceinline__ std::uint32_t next_pow2(std::uint32_t v) {
   return v <= 1 ? 1u : 1u << (32 - __clz(v - 1));
 }
 
+template <class Traits>
+__device__ __forceinline__ float to_float(std::uint32_t bits) {
+  if constexpr (Traits::kBits == 32) {
+    return __uint_as_float(bits);
+  } else if constexpr (Traits::kInf == 0x7F80u) {  // bfloat16: the high half of a float
+    return __uint_as_float(bits << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  }
+}
+
+/// Elements per 16-byte vector and vectors per thread per round: 16 elements per thread for
+/// every dtype, so that a round's fixed cost (one barrier, the warp scans) is spread wide.
+template <class Traits>
+struct RoundShape {
+  static constexpr int kVec = Traits::kBits == 32 ? 4 : 8;
+  static constexpr int kU = 16 / kVec;
+};
+
 // ---------------------------------------------------------------------------------------------
 // The filter engine: per-CTA state and the steps every kernel shares
 // ---------------------------------------------------------------------------------------------
 
-template <class Traits, int kThreads, int kItems>
+template <class Traits, int kThreads>
 struct FilterEngine {
   static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kMaxWords = 2;  // packed append counts: two 16-bit groups a word
 
-  std::uint32_t* key;  // [cap] candidate keys, column order
-  std::uint32_t* col;  // [cap] candidate columns
-  SelectScratch& scratch;
-  std::uint32_t* warp_hits;  // [2][32]: append counts per warp, double-buffered by tile parity
-  std::uint32_t k;           // candidates kept by a select
-  std::uint32_t limit;       // buffer fill that triggers a select (k + slack)
-  std::uint32_t count = 0;
+  Candidates survivors;  // column order
+  Candidates spare;      // the other survivor list, written by the next select
+  Candidates newcomers;  // column order, all after the survivors
+  SelectScratch<kThreads>& scratch;
+  std::uint32_t* warp_hits;  // [2][kMaxWords][32] packed counts, double-buffered by parity
+  std::uint32_t k;           // candidates a select keeps
+  std::uint32_t limit;       // survivors + newcomers that trigger a select
+  ScoreParams sp;
   std::uint32_t threshold = kExcludedScore;  // admit only scores above it
+  // Prefilter: v may beat the threshold iff !(v * direction < bound * direction), which is
+  // !(v < B) when largest and !(v > B) when smallest, and true for NaN; folding the
+  // direction into both sides leaves one multiply and one comparison an element.
+  float direction = 1.0f;
+  float scaled_bound = 0.0f;
   std::uint32_t parity = 0;
 
-  /// Offers this thread's V candidates of one tile (score[j], cols[j]), the first `valid` of
-  /// which are real. Every thread of the block calls it once per tile. Appends the winners in
-  /// thread order, which is column order, and selects when the buffer is full.
-  template <int V>
-  __device__ __forceinline__ void offer(const std::uint32_t (&score)[V],
-                                        const std::uint32_t (&cols)[V], int valid) {
-    std::uint32_t mask = 0;
-#pragma unroll
-    for (int j = 0; j < V; ++j) mask |= (j < valid && score[j] > threshold) ? (1u << j) : 0u;
-    const std::uint32_t hits = __popc(mask);
-    const std::uint32_t inclusive = warp_inclusive_sum(hits);
+  __device__ void set_threshold(std::uint32_t t) {
+    threshold = t;
+    direction = sp.flip == 0 ? 1.0f : -1.0f;
+    scaled_bound = direction * to_float<Traits>(prefilter_bound_bits<Traits>(t, sp));
+  }
+
+  /// Whether an element may beat the threshold, by one float comparison (NaN always may).
+  __device__ __forceinline__ bool may_pass(std::uint32_t bits) const {
+    return !(to_float<Traits>(bits) * direction < scaled_bound);
+  }
+
+  /// Keeps the best k of survivors ++ newcomers and raises the threshold.
+  __device__ void select() {
+    set_threshold(select_into<kThreads, Traits::kBits>(survivors, newcomers, spare.key, spare.col,
+                                                        k, scratch));
+    const Candidates t = survivors;
+    survivors = spare;
+    survivors.n = k;
+    spare = t;
+    newcomers.n = 0;
+  }
+
+  /// Appends this thread's winners of one round: for each of kU groups, the elements j whose
+  /// bit is set in mask[u], with key key_of(u, j) and column col_of(u, j) (computed only for
+  /// winners, which keeps them out of registers). Groups are ordered u-major then by thread,
+  /// which is column order. Every thread calls it once per round.
+  template <int kU, int kV, class KeyFn, class ColFn>
+  __device__ __forceinline__ void append(const std::uint32_t (&mask)[kU], KeyFn key_of,
+                                         ColFn col_of) {
+    static_assert(kU <= 2 * kMaxWords, "warp_hits holds 2 * kMaxWords groups");
+    static_assert(kV <= 16 && kThreads * kV < 65536, "16-bit packed counts");
+    constexpr int kWords = (kU + 1) / 2;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-    std::uint32_t* slot = warp_hits + parity * 32;
-    if (lane == kWarpSize - 1) slot[warp] = inclusive;
-    __syncthreads();
-    std::uint32_t before = 0, total = 0;
+    // Per-thread hit counts, two groups a word (group 2w in the low half, 2w+1 in the high).
+    std::uint32_t hits[kWords] = {};
+    std::uint32_t any = 0;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const std::uint32_t t = slot[w];
-      before += w < warp ? t : 0u;
-      total += t;
+    for (int u = 0; u < kU; ++u) {
+      hits[u / 2] |= static_cast<std::uint32_t>(__popc(mask[u])) << (16 * (u % 2));
+      any |= mask[u];
     }
-    // Reusing `slot` two tiles later is safe: every thread passes the next tile's barrier
-    // only after these reads.
-    parity ^= 1u;
-    if (mask != 0) {
-      std::uint32_t pos = count + before + inclusive - hits;
+    const bool warp_has_hits = __any_sync(0xFFFFFFFFu, any != 0);
+    std::uint32_t inclusive[kWords];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (mask & (1u << j)) {
-          key[pos] = score[j];
-          col[pos] = cols[j];
-          ++pos;
+    for (int w = 0; w < kWords; ++w) inclusive[w] = warp_has_hits ? warp_inclusive_sum(hits[w]) : 0u;
+    std::uint32_t* slot = warp_hits + parity * (kMaxWords * 32);
+    if (lane == kWarpSize - 1) {
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) slot[w * 32 + warp] = inclusive[w];
+    }
+    // Reusing this half of warp_hits two rounds later is safe: every thread reads it before
+    // arriving at the next round's barrier.
+    parity ^= 1u;
+    if (!__syncthreads_or(any != 0)) return;  // no newcomer anywhere in the block this round
+    std::uint32_t base = newcomers.n;
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      std::uint32_t before = 0, total = 0;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) {
+        const std::uint32_t t = slot[w * 32 + v];  // broadcast reads
+        before += v < warp ? t : 0u;
+        total += t;
+      }
+      const std::uint32_t exclusive = before + inclusive[w] - hits[w];
+#pragma unroll
+      for (int h = 0; h < 2 && 2 * w + h < kU; ++h) {
+        const int u = 2 * w + h;
+        if (mask[u] != 0) {
+          std::uint32_t pos = base + ((exclusive >> (16 * h)) & 0xFFFFu);
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            if (mask[u] & (1u << j)) {
+              newcomers.key[pos] = key_of(u, j);
+              newcomers.col[pos] = col_of(u, j);
+              ++pos;
+            }
+          }
+        }
+        base += (total >> (16 * h)) & 0xFFFFu;
+      }
+    }
+    newcomers.n = base;
+    if (survivors.n + newcomers.n >= limit) select();
+  }
+
+  /// Leaves the best min(k, candidates) in `survivors` (sorted best first for sorted="value",
+  /// else in column order) and returns that list.
+  __device__ Candidates finish(bool sort_by_value) {
+    __syncthreads();
+    if (survivors.n + newcomers.n > k) {
+      select();
+    } else if (newcomers.n > 0) {  // everything fits: append the newcomers to the survivors
+      for (std::uint32_t p = threadIdx.x; p < newcomers.n; p += kThreads) {
+        survivors.key[survivors.n + p] = newcomers.key[p];
+        survivors.col[survivors.n + p] = newcomers.col[p];
+      }
+      survivors.n += newcomers.n;
+      newcomers.n = 0;
+      __syncthreads();
+    }
+    if (sort_by_value && survivors.n > 1) {
+      sort_best_first<kThreads>(survivors.key, survivors.col, survivors.n, next_pow2(survivors.n));
+    }
+    return survivors;
+  }
+};
+
+/// Filters one round, bits[u][j] being the element at column col0[u] + j (real when
+/// j < valid[u], or always when kFull), and appends its newcomers.
+template <bool kFull, int kU, int kVec, class Traits, int kThreads>
+__device__ __forceinline__ void filter_round(FilterEngine<Traits, kThreads>& e,
+                                             const std::uint32_t (&bits)[kU][kVec],
+                                             const std::uint32_t (&col0)[kU],
+                                             const int (&valid)[kU], bool track_nan,
+                                             bool& any_nan) {
+  std::uint32_t mask[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    mask[u] = 0;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (kFull || j < valid[u]) {
+        if (track_nan) any_nan |= is_nan_bits<Traits>(bits[u][j]);
+        mask[u] |= e.may_pass(bits[u][j]) ? 1u << j : 0u;
+      }
+    }
+    if (mask[u] != 0) {  // rare once the threshold has risen: exact scores
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if ((mask[u] & (1u << j)) && score_of<Traits>(bits[u][j], e.sp) <= e.threshold) {
+          mask[u] &= ~(1u << j);
         }
       }
     }
-    count += total;
-    if (count >= limit) {
-      threshold = select_best<kThreads, kItems, Traits::kBits>(key, col, count, k, scratch);
-      count = k;
-    }
   }
-
-  /// Cuts the buffer to k and, for sorted="value", sorts it best first. Returns the count.
-  __device__ std::uint32_t finish(bool sort_by_value) {
-    __syncthreads();
-    if (count > k) {
-      select_best<kThreads, kItems, Traits::kBits>(key, col, count, k, scratch);
-      count = k;
-    }
-    if (sort_by_value && count > 1) sort_best_first<kThreads>(key, col, count, next_pow2(count));
-    return count;
-  }
-};
-
-/// Scores of the elements of one 16-byte vector.
-template <class Traits>
-struct VectorTraits {
-  using Bits = typename Traits::Bits;
-  static constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
-};
-
-template <class Traits, int kVec>
-__device__ __forceinline__ void score_vector(const uint4& v, ScoreParams sp, std::uint32_t col0,
-                                             std::uint32_t (&score)[kVec],
-                                             std::uint32_t (&cols)[kVec], bool& any_nan) {
-  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    std::uint32_t bits;
-    if constexpr (kVec == 4) {
-      bits = words[j];
-    } else {
-      bits = (words[j / 2] >> (16 * (j % 2))) & 0xFFFFu;  // little endian: low half first
-    }
-    any_nan |= is_nan_bits<Traits>(bits);
-    score[j] = score_of<Traits>(bits, sp);
-    cols[j] = col0 + static_cast<std::uint32_t>(j);
-  }
+  e.template append<kU, kVec>(
+      mask, [&](int u, int j) { return score_of<Traits>(bits[u][j], e.sp); },
+      [&](int u, int j) { return col0[u] + static_cast<std::uint32_t>(j); });
 }
 
 /// Streams columns [lo, hi) of `row` through the engine in column order: a scalar head up to
-/// 16-byte alignment, whole tiles of 16-byte vectors kPrefetch tiles ahead, then the leftover
-/// vectors and scalars. Returns whether this thread saw a NaN.
-template <class Traits, int kThreads, int kItems, int kPrefetch>
-__device__ bool stream_row(FilterEngine<Traits, kThreads, kItems>& e,
-                           const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
-                           ScoreParams sp) {
+/// 16-byte alignment, whole rounds of kU coalesced 16-byte vectors per thread with
+/// kPrefetchVectors vectors per thread in flight, then the leftover vectors and scalars.
+/// Returns whether this thread saw a NaN (only tracked when track_nan).
+template <class Traits, int kThreads, int kPrefetchVectors>
+__device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Traits::Bits* row,
+                           std::int64_t lo, std::int64_t hi, bool track_nan) {
   using Bits = typename Traits::Bits;
-  constexpr int kVec = VectorTraits<Traits>::kVec;
+  constexpr int kVec = RoundShape<Traits>::kVec, kU = RoundShape<Traits>::kU;
+  constexpr int kPrefetch = kPrefetchVectors / kU > 0 ? kPrefetchVectors / kU : 1;  // rounds
   const int tid = threadIdx.x;
   bool any_nan = false;
 
-  // One scalar element per thread (the head and the last scalars are < kVec elements).
-  auto scalar_tile = [&](std::int64_t first, std::int64_t n) {
-    std::uint32_t score[1] = {kExcludedScore}, cols[1] = {0};
-    if (tid < n) {
-      const std::uint32_t bits = row[first + tid];
-      any_nan |= is_nan_bits<Traits>(bits);
-      score[0] = score_of<Traits>(bits, sp);
-      cols[0] = static_cast<std::uint32_t>(first + tid);
+  auto unpack = [&](const uint4& v, std::uint32_t (&out)[kVec]) {
+    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      out[j] = kVec == 4 ? w[j] : (w[j / 2] >> (16 * (j % 2))) & 0xFFFFu;  // little endian
     }
-    e.template offer<1>(score, cols, tid < n ? 1 : 0);
+  };
+
+  // One scalar element per thread: the head (< kVec elements) and the last scalars.
+  auto scalar_round = [&](std::int64_t first, std::int64_t n) {
+    std::uint32_t bits[kU][kVec] = {}, col0[kU] = {};
+    int valid[kU] = {};
+    if (tid < n) {
+      bits[0][0] = row[first + tid];
+      col0[0] = static_cast<std::uint32_t>(first + tid);
+      valid[0] = 1;
+    }
+    filter_round<false>(e, bits, col0, valid, track_nan, any_nan);
   };
 
   const auto addr = reinterpret_cast<std::uintptr_t>(row + lo);
   const std::int64_t to_align = static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(Bits));
   const std::int64_t head = to_align < hi - lo ? to_align : hi - lo;
-  if (head > 0) scalar_tile(lo, head);
+  if (head > 0) scalar_round(lo, head);
 
   const std::int64_t a0 = lo + head;
   const std::int64_t vectors = (hi - a0) / kVec;
-  const std::int64_t tiles = vectors / kThreads;
+  const std::int64_t per_round = static_cast<std::int64_t>(kThreads) * kU;  // vectors
+  const std::int64_t rounds = vectors / per_round;
   const uint4* vec = reinterpret_cast<const uint4*>(row + a0);
 
-  uint4 buf[kPrefetch];
+  // Round r, group u covers vectors [(r * kU + u) * kThreads, +kThreads): coalesced loads.
+  uint4 buf[kPrefetch][kU];
 #pragma unroll
-  for (int t = 0; t < kPrefetch; ++t) {
-    if (t < tiles) buf[t] = __ldg(vec + static_cast<std::int64_t>(t) * kThreads + tid);
+  for (int r = 0; r < kPrefetch; ++r) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (r < rounds) buf[r][u] = __ldg(vec + (static_cast<std::int64_t>(r) * kU + u) * kThreads + tid);
+    }
   }
-  for (std::int64_t t0 = 0; t0 < tiles; t0 += kPrefetch) {
+  for (std::int64_t r0 = 0; r0 < rounds; r0 += kPrefetch) {
 #pragma unroll
-    for (int u = 0; u < kPrefetch; ++u) {
-      const std::int64_t t = t0 + u;
-      if (t < tiles) {  // uniform across the block
-        const uint4 v = buf[u];
-        if (t + kPrefetch < tiles) buf[u] = __ldg(vec + (t + kPrefetch) * kThreads + tid);
-        std::uint32_t score[kVec], cols[kVec];
-        const std::int64_t c0 = a0 + (t * kThreads + tid) * kVec;
-        score_vector<Traits, kVec>(v, sp, static_cast<std::uint32_t>(c0), score, cols, any_nan);
-        e.template offer<kVec>(score, cols, kVec);
+    for (int q = 0; q < kPrefetch; ++q) {
+      const std::int64_t r = r0 + q;
+      if (r < rounds) {  // uniform across the block
+        std::uint32_t bits[kU][kVec], col0[kU];
+        int valid[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          unpack(buf[q][u], bits[u]);
+          col0[u] = static_cast<std::uint32_t>(a0 + ((r * kU + u) * kThreads + tid) * kVec);
+          valid[u] = kVec;
+          if (r + kPrefetch < rounds) {
+            buf[q][u] = __ldg(vec + ((r + kPrefetch) * kU + u) * kThreads + tid);
+          }
+        }
+        filter_round<true>(e, bits, col0, valid, track_nan, any_nan);
       }
     }
   }
 
-  const std::int64_t rest_vectors = vectors - tiles * kThreads;  // < kThreads
-  if (rest_vectors > 0) {
-    std::uint32_t score[kVec], cols[kVec];
-    bool mine = tid < rest_vectors;
-    if (mine) {
-      const std::int64_t v = tiles * kThreads + tid;
-      score_vector<Traits, kVec>(__ldg(vec + v), sp, static_cast<std::uint32_t>(a0 + v * kVec),
-                                 score, cols, any_nan);
+  // Leftover vectors (fewer than a round), in the same group layout.
+  const std::int64_t rest0 = rounds * per_round;
+  if (rest0 < vectors) {
+    std::uint32_t bits[kU][kVec] = {}, col0[kU] = {};
+    int valid[kU] = {};
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const std::int64_t v = rest0 + static_cast<std::int64_t>(u) * kThreads + tid;
+      if (v < vectors) {
+        unpack(__ldg(vec + v), bits[u]);
+        col0[u] = static_cast<std::uint32_t>(a0 + v * kVec);
+        valid[u] = kVec;
+      }
     }
-    e.template offer<kVec>(score, cols, mine ? kVec : 0);
+    filter_round<false>(e, bits, col0, valid, track_nan, any_nan);
   }
   const std::int64_t rest = (hi - a0) - vectors * kVec;  // < kVec
-  if (rest > 0) scalar_tile(a0 + vectors * kVec, rest);
+  if (rest > 0) scalar_round(a0 + vectors * kVec, rest);
   return any_nan;
 }
 
-/// Writes row b's outputs from the n finished candidates, then the padding.
+/// Writes row b's outputs from the finished candidates, then the padding.
 template <class Traits, int kThreads>
-__device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const std::uint32_t* col,
-                              std::uint32_t n) {
+__device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const Candidates& c) {
   using Bits = typename Traits::Bits;
   const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   const std::int64_t offset =
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
   for (std::int64_t j = threadIdx.x; j < p.k; j += kThreads) {
-    const bool real = j < n;
-    const std::uint32_t c = real ? col[j] : 0u;
+    const bool real = j < c.n;
+    const std::uint32_t col = real ? c.col[j] : 0u;
     if (p.indices_int64) {
       static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? static_cast<std::int64_t>(c) + offset : p.index_fill;
+          real ? static_cast<std::int64_t>(col) + offset : p.index_fill;
     } else {
       static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? static_cast<std::int32_t>(static_cast<std::uint32_t>(c + offset))
+          real ? static_cast<std::int32_t>(static_cast<std::uint32_t>(col + offset))
                : static_cast<std::int32_t>(p.index_fill);
     }
     if (p.values != nullptr) {
       // Values are read back from x by column (a hit in L2, which just streamed the row), so
       // they are the input's bits exactly: -0.0 and NaN payloads survive.
       static_cast<Bits*>(p.values)[b * p.values_row_stride + j] =
-          real ? row[c] : static_cast<Bits>(p.value_fill_bits);
+          real ? row[col] : static_cast<Bits>(p.value_fill_bits);
     }
   }
+}
+
+/// Carves the dynamic shared memory and builds the engine.
+template <class Traits, int kThreads>
+__device__ __forceinline__ FilterEngine<Traits, kThreads> make_engine(
+    const TopkKernelParams& p, std::uint32_t* smem, SelectScratch<kThreads>& scratch,
+    std::uint32_t* warp_hits) {
+  const std::uint32_t s = p.survivor_slots;
+  FilterEngine<Traits, kThreads> e{Candidates{smem, smem + s, 0},
+                                   Candidates{smem + 2 * s, smem + 3 * s, 0},
+                                   Candidates{smem + 4 * s, smem + 4 * s + p.newcomer_slots, 0},
+                                   scratch,
+                                   warp_hits,
+                                   p.k_select,
+                                   p.limit,
+                                   p.sp};
+  e.set_threshold(kExcludedScore);
+  return e;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
 // ---------------------------------------------------------------------------------------------
 
-template <class Traits, int kThreads, int kItems, int kPrefetch, int kMinBlocks>
+template <class Traits, int kThreads, int kPrefetchVectors, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const TopkKernelParams p) {
   extern __shared__ __align__(16) std::uint32_t smem[];
-  __shared__ SelectScratch scratch;
-  __shared__ std::uint32_t warp_hits[64];
+  __shared__ SelectScratch<kThreads> scratch;
+  __shared__ std::uint32_t warp_hits[2 * 2 * 32];
 
   const std::int64_t b = blockIdx.x / p.slices;
   const std::int64_t s = blockIdx.x % p.slices;
@@ -266,34 +400,33 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   const std::int64_t len = hi - lo;
   const std::int64_t seg_lo = lo + len * s / p.slices, seg_hi = lo + len * (s + 1) / p.slices;
 
-  FilterEngine<Traits, kThreads, kItems> e{smem, smem + p.cap, scratch, warp_hits, p.k_select,
-                                           p.limit};
+  auto e = make_engine<Traits, kThreads>(p, smem, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
-  const bool any_nan = stream_row<Traits, kThreads, kItems, kPrefetch>(e, row, seg_lo, seg_hi, p.sp);
-  if (__syncthreads_or(p.nan_flag != nullptr && any_nan) && threadIdx.x == 0) *p.nan_flag = 1;
+  const bool track_nan = p.nan_flag != nullptr;
+  const bool any_nan =
+      stream_row<Traits, kThreads, kPrefetchVectors>(e, row, seg_lo, seg_hi, track_nan);
+  if (track_nan && __syncthreads_or(any_nan) && threadIdx.x == 0) *p.nan_flag = 1;
 
   if (p.slices == 1) {
-    const std::uint32_t n = e.finish(p.sort_by_value);
-    write_outputs<Traits, kThreads>(p, b, e.col, n);
+    write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
   } else {
-    const std::uint32_t n = e.finish(false);
+    const Candidates c = e.finish(false);
     const std::int64_t base = (b * p.slices + s) * p.slot_stride;
     for (std::uint32_t j = threadIdx.x; j < p.slot_stride; j += kThreads) {
-      p.slice_key[base + j] = j < n ? e.key[j] : kExcludedScore;
-      p.slice_col[base + j] = j < n ? e.col[j] : 0u;
+      p.slice_key[base + j] = j < c.n ? c.key[j] : kExcludedScore;
+      p.slice_col[base + j] = j < c.n ? c.col[j] : 0u;
     }
   }
 }
 
-template <class Traits, int kThreads, int kItems>
+template <class Traits, int kThreads>
 __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKernelParams p) {
   extern __shared__ __align__(16) std::uint32_t smem[];
-  __shared__ SelectScratch scratch;
-  __shared__ std::uint32_t warp_hits[64];
+  __shared__ SelectScratch<kThreads> scratch;
+  __shared__ std::uint32_t warp_hits[2 * 2 * 32];
 
   const std::int64_t b = blockIdx.x;
-  FilterEngine<Traits, kThreads, kItems> e{smem, smem + p.cap, scratch, warp_hits, p.k_select,
-                                           p.limit};
+  auto e = make_engine<Traits, kThreads>(p, smem, scratch, warp_hits);
   // The slices' lists, slice after slice, are in column order; slot_stride is a multiple of 4
   // and the workspace is 256-byte aligned, so every row starts on a 16-byte boundary.
   const std::int64_t pairs = static_cast<std::int64_t>(p.slices) * p.slot_stride;
@@ -301,18 +434,20 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
   const uint4* cols = reinterpret_cast<const uint4*>(p.slice_col + b * pairs);
   const std::int64_t vectors = pairs / 4;
   for (std::int64_t v0 = 0; v0 < vectors; v0 += kThreads) {
-    std::uint32_t score[4] = {0, 0, 0, 0}, c[4] = {0, 0, 0, 0};
+    std::uint32_t mask[1] = {0}, key[4] = {}, col[4] = {};
     const std::int64_t v = v0 + threadIdx.x;
     if (v < vectors) {
       const uint4 kv = keys[v], cv = cols[v];
-      score[0] = kv.x, score[1] = kv.y, score[2] = kv.z, score[3] = kv.w;
-      c[0] = cv.x, c[1] = cv.y, c[2] = cv.z, c[3] = cv.w;
+      key[0] = kv.x, key[1] = kv.y, key[2] = kv.z, key[3] = kv.w;
+      col[0] = cv.x, col[1] = cv.y, col[2] = cv.z, col[3] = cv.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mask[0] |= key[j] > e.threshold ? 1u << j : 0u;
     }
     // Empty slots carry key 0, which never beats the threshold.
-    e.template offer<4>(score, c, 4);
+    e.template append<1, 4>(
+        mask, [&](int, int j) { return key[j]; }, [&](int, int j) { return col[j]; });
   }
-  const std::uint32_t n = e.finish(p.sort_by_value);
-  write_outputs<Traits, kThreads>(p, b, e.col, n);
+  write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
 }
 
 }  // namespace attnkit::detail::cuda

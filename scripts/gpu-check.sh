@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# GPU check: build, test, sanitize and benchmark attnkit on a CUDA machine; every log and
+# result goes under $OUT (default /tmp/attnkit-gpu-check), at most 8 files.
+#
+#   scripts/gpu-check.sh [quick|full|bench]
+#     quick  build, C++ CUDA tests, Python CUDA tests, a short benchmark
+#     full   the above, compute-sanitizer memcheck + racecheck, the whole benchmark
+#     bench  build and benchmark only
+#
+# The C++ test binary is built here with CMake unless a prebuilt one is given in
+# ATTNKIT_CUDA_TESTS (it is host code over the CUDA runtime, linked statically, so a binary
+# built on another x86-64 Linux machine with an older glibc runs here). GoogleTest comes from
+# the system or from ATTNKIT_GTEST_SOURCE_DIR.
+set -uo pipefail
+MODE=${1:-quick}
+OUT=${OUT:-/tmp/attnkit-gpu-check}
+ARCHS=${ATTNKIT_CUDA_ARCHS:-90a}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+status=0
+
+step() {  # step NAME LOGFILE COMMAND...: run, append the outcome to the summary
+  local name=$1 log=$2
+  shift 2
+  local t0=$SECONDS
+  echo "== $name" | tee -a "$log"
+  "$@" >> "$log" 2>&1
+  local rc=$?
+  printf '%-34s rc=%-3s %4ss  (log: %s)\n' "$name" "$rc" $((SECONDS - t0)) "$(basename "$log")" | tee -a "$SUMMARY"
+  [ "$rc" -eq 0 ] || status=1
+  return "$rc"
+}
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+dirty')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -1
+  python3 -c 'import torch; print("torch", torch.__version__)'
+} >> "$SUMMARY" 2>&1
+
+# -- Build ---------------------------------------------------------------------------------------
+BUILD_LOG="$OUT/build.log"
+export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+step "python package (ATTNKIT_CUDA_ARCHS=$ARCHS)" "$BUILD_LOG" \
+  env ATTNKIT_CUDA=ON ATTNKIT_CUDA_ARCHS="$ARCHS" \
+  python3 -m pip install --no-build-isolation --no-deps -Cbuild-dir=build/gpu-py . || exit 1
+python3 -c 'import torch, attnkit; print(attnkit.info())' >> "$SUMMARY" 2>&1
+for probe in 'import ml_dtypes' 'import attnkit._ext; import ml_dtypes' 'import numpy, attnkit'; do
+  python3 -c "$probe" > /dev/null 2>&1
+  echo "probe '$probe': rc=$?" >> "$SUMMARY"
+done
+
+TESTS=${ATTNKIT_CUDA_TESTS:-}
+if [ "$MODE" != bench ] && [ -z "$TESTS" ]; then
+  gtest=()
+  [ -n "${ATTNKIT_GTEST_SOURCE_DIR:-}" ] && gtest=(-DATTNKIT_GTEST_SOURCE_DIR="$ATTNKIT_GTEST_SOURCE_DIR")
+  step "cmake configure" "$BUILD_LOG" cmake -S . -B build/gpu -G Ninja -DATTNKIT_CUDA=ON \
+    -DATTNKIT_CUDA_ARCHS="$ARCHS" "${gtest[@]}" &&
+  step "cmake build attnkit_cuda_tests" "$BUILD_LOG" cmake --build build/gpu --target attnkit_cuda_tests &&
+  TESTS=build/gpu/tests/cpp/attnkit_cuda_tests
+fi
+
+# -- Tests ---------------------------------------------------------------------------------------
+if [ "$MODE" != bench ]; then
+  TEST_LOG="$OUT/tests.log"
+  if [ -n "$TESTS" ]; then
+    step "C++ CUDA tests" "$TEST_LOG" "$TESTS" --gtest_brief=1
+  fi
+  step "Python CUDA tests" "$TEST_LOG" python3 -m pytest tests/python_cuda -q -p no:cacheprovider -x
+fi
+if [ "$MODE" = full ] && [ -n "$TESTS" ]; then
+  SAN_LOG="$OUT/sanitizer.log"
+  step "compute-sanitizer memcheck" "$SAN_LOG" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
+  step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
+    "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*' --gtest_brief=1
+fi
+
+if [ "$MODE" = quick ] && command -v ncu > /dev/null; then
+  step "ncu profile" "$OUT/ncu.txt" ncu --clock-control none --section SpeedOfLight \
+    --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+    --section SchedulerStats --section SourceCounters --section InstructionStats \
+    -k regex:topk -c 4 python3 bench/profile_topk.py
+fi
+
+# -- Benchmark -----------------------------------------------------------------------------------
+quick=()
+[ "$MODE" = quick ] && quick=(--quick --repeats 10)
+step "benchmark" "$OUT/bench.log" python3 bench/bench_topk.py "${quick[@]}" \
+  --json "$OUT/bench_topk.json" --markdown "$OUT/bench_topk.md"
+tail -3 "$OUT/bench.log" >> "$SUMMARY"
+
+cat "$SUMMARY"
+exit $status

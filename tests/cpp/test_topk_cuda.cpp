@@ -1,0 +1,586 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA top-k against the CPU backend on the same inputs: every distribution, option, layout
+// and size class of SPEC §Testing, plus determinism, CUDA graph capture and device-side checks.
+// Tests named *Small* are the subset scripts/gpu-check.sh also runs under compute-sanitizer.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attnkit/attnkit.hpp"
+#include "common/float_bits.hpp"
+
+namespace {
+
+using attnkit::DType;
+using attnkit::TensorView;
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+const attnkit::Device kCpu{attnkit::DeviceType::kCPU, 0};
+const attnkit::Device kGpu{attnkit::DeviceType::kCUDA, 0};
+
+enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa };
+
+const char* dist_name(Dist d) {
+  switch (d) {
+    case Dist::kNormal: return "normal";
+    case Dist::kTiny: return "normal*1e-3";
+    case Dist::kHuge: return "normal*1e3";
+    case Dist::kTies: return "4-values";
+    case Dist::kAllEqual: return "all-equal";
+    case Dist::kAscending: return "ascending";
+    case Dist::kDescending: return "descending";
+    case Dist::kSpecials: return "nan-inf-denormal";
+    case Dist::kRawBits: return "raw-bits";
+    case Dist::kDsa: return "dsa-relu";
+  }
+  return "?";
+}
+
+std::uint32_t to_bits(DType dtype, float v) {
+  switch (dtype) {
+    case DType::kFloat32: return attnkit::detail::float_to_bits(v);
+    case DType::kBFloat16: return attnkit::detail::float_to_bf16_bits(v);
+    default: return attnkit::detail::float_to_f16_bits(v);
+  }
+}
+
+/// Bit patterns of B rows of `stride` elements (element size `elem`), generated per row.
+std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_t n,
+                                    std::int64_t stride, Dist dist, std::uint64_t seed) {
+  const std::size_t elem = attnkit::dtype_size(dtype);
+  std::vector<std::uint8_t> data(static_cast<std::size_t>(batch * stride) * elem + 64);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  const std::uint32_t nan = dtype == DType::kFloat32 ? 0x7FC00001u : (dtype == DType::kBFloat16 ? 0x7FC1u : 0x7E01u);
+  const std::uint32_t neg_nan = dtype == DType::kFloat32 ? 0xFFC00002u : (dtype == DType::kBFloat16 ? 0xFFC2u : 0xFE02u);
+  const std::uint32_t denorm = dtype == DType::kFloat32 ? 0x00000003u : 0x0003u;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t i = 0; i < stride; ++i) {
+      float v = 0;
+      std::uint32_t bits = 0;
+      switch (dist) {
+        case Dist::kNormal: v = normal(rng); bits = to_bits(dtype, v); break;
+        case Dist::kTiny: v = normal(rng) * 1e-3f; bits = to_bits(dtype, v); break;
+        case Dist::kHuge: v = normal(rng) * 1e3f; bits = to_bits(dtype, v); break;
+        case Dist::kTies: v = static_cast<float>(rng() % 4); bits = to_bits(dtype, v); break;
+        case Dist::kAllEqual: bits = to_bits(dtype, 1.5f); break;
+        case Dist::kAscending: bits = to_bits(dtype, static_cast<float>(i) * 0.25f); break;
+        case Dist::kDescending: bits = to_bits(dtype, -static_cast<float>(i) * 0.25f); break;
+        case Dist::kSpecials: {
+          const std::uint64_t r = rng() % 16;
+          bits = r == 0 ? nan : r == 1 ? neg_nan : r == 2 ? to_bits(dtype, INFINITY)
+               : r == 3 ? to_bits(dtype, -INFINITY) : r == 4 ? denorm : r == 5 ? (denorm | (dtype == DType::kFloat32 ? 0x80000000u : 0x8000u))
+               : r == 6 ? 0u : r == 7 ? (dtype == DType::kFloat32 ? 0x80000000u : 0x8000u)
+               : to_bits(dtype, normal(rng));
+          break;
+        }
+        case Dist::kRawBits: bits = static_cast<std::uint32_t>(rng()); break;
+        case Dist::kDsa: {
+          // Indexer scores: a weighted sum of ReLUs, many exact zeros, bf16-quantised.
+          float s = 0;
+          for (int h = 0; h < 4; ++h) s += std::max(0.0f, normal(rng)) * 0.5f;
+          bits = to_bits(dtype, s);
+          break;
+        }
+      }
+      std::uint8_t* dst = data.data() + static_cast<std::size_t>(b * stride + i) * elem;
+      if (elem == 4) {
+        std::memcpy(dst, &bits, 4);
+      } else {
+        const std::uint16_t h = static_cast<std::uint16_t>(bits);
+        std::memcpy(dst, &h, 2);
+      }
+    }
+  }
+  (void)n;
+  return data;
+}
+
+struct Case {
+  DType dtype = DType::kBFloat16;
+  std::int64_t batch = 1, n = 1, k = 1;
+  Dist dist = Dist::kNormal;
+  bool largest = true;
+  attnkit::TopkOrder order = attnkit::TopkOrder::kNone;
+  attnkit::NanPolicy nan = attnkit::NanPolicy::kLargest;
+  bool ragged = false;        // per-row begin/end (int32), including empty rows
+  bool ends_past_n = false;   // some end[b] > N and some negative (clamped; check off)
+  bool offset = false;        // index_offset (int64)
+  bool int32_indices = false;
+  bool values = true;
+  std::int64_t misalign = 0;  // elements added to the base pointer
+  std::int64_t pad = 0;       // row stride = n + pad
+  std::int64_t out_pad = 0;   // output row stride = k + out_pad
+  std::uint64_t seed = 1;
+
+  std::string str() const {
+    std::ostringstream s;
+    s << attnkit::dtype_name(dtype) << " B=" << batch << " N=" << n << " k=" << k << " dist="
+      << dist_name(dist) << " largest=" << largest << " order=" << static_cast<int>(order)
+      << " nan=" << static_cast<int>(nan) << " ragged=" << ragged << " past_n=" << ends_past_n
+      << " offset=" << offset << " i32=" << int32_indices << " values=" << values
+      << " misalign=" << misalign << " pad=" << pad << " out_pad=" << out_pad << " seed=" << seed;
+    return s.str();
+  }
+};
+
+struct Result {
+  std::vector<std::uint8_t> values;
+  std::vector<std::int64_t> indices;  // widened
+};
+
+template <class T>
+T* device_copy(const std::vector<T>& host) {
+  T* d = nullptr;
+  if (cudaMalloc(&d, std::max<std::size_t>(1, host.size() * sizeof(T))) != cudaSuccess) return nullptr;
+  cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+
+/// Runs the case on `device`; `graph` captures the call into a CUDA graph and replays it.
+Result run_case(const Case& c, const std::vector<std::uint8_t>& rows,
+                const std::vector<std::int32_t>& begin, const std::vector<std::int32_t>& end,
+                const std::vector<std::int64_t>& offset, attnkit::Device device,
+                attnkit::TopkBackend backend, bool graph = false) {
+  const std::size_t elem = attnkit::dtype_size(c.dtype);
+  const std::int64_t stride = c.n + c.pad, out_stride = c.k + c.out_pad;
+  const std::size_t out_elems = static_cast<std::size_t>(std::max<std::int64_t>(c.batch * out_stride, 1));
+  const std::size_t idx_size = c.int32_indices ? 4 : 8;
+  std::vector<std::uint8_t> values(out_elems * elem, 0xAB);  // poison: every slot must be written
+  std::vector<std::uint8_t> indices(out_elems * idx_size, 0xCD);
+
+  const bool gpu = device.type == attnkit::DeviceType::kCUDA;
+  void* x_ptr = const_cast<std::uint8_t*>(rows.data());
+  void *v_ptr = values.data(), *i_ptr = indices.data();
+  void *b_ptr = const_cast<std::int32_t*>(begin.data()), *e_ptr = const_cast<std::int32_t*>(end.data());
+  void* o_ptr = const_cast<std::int64_t*>(offset.data());
+  if (gpu) {
+    x_ptr = device_copy(rows);
+    v_ptr = device_copy(values);
+    i_ptr = device_copy(indices);
+    b_ptr = begin.empty() ? nullptr : device_copy(begin);
+    e_ptr = end.empty() ? nullptr : device_copy(end);
+    o_ptr = offset.empty() ? nullptr : device_copy(offset);
+  }
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(static_cast<char*>(x_ptr) + c.misalign * elem, c.dtype, device,
+                         {c.batch, c.n}, {stride, 1});
+  if (!begin.empty()) t.begin = TensorView::make(b_ptr, DType::kInt32, device, {c.batch});
+  if (!end.empty()) t.end = TensorView::make(e_ptr, DType::kInt32, device, {c.batch});
+  if (!offset.empty()) t.index_offset = TensorView::make(o_ptr, DType::kInt64, device, {c.batch});
+  if (c.values) t.out_values = TensorView::make(v_ptr, c.dtype, device, {c.batch, c.k}, {out_stride, 1});
+  t.out_indices = TensorView::make(i_ptr, c.int32_indices ? DType::kInt32 : DType::kInt64, device,
+                                   {c.batch, c.k}, {out_stride, 1});
+  attnkit::TopkOptions o;
+  o.k = c.k;
+  o.largest = c.largest;
+  o.sorted = c.order;
+  o.nan = c.nan;
+  o.backend = backend;
+  o.check = attnkit::CheckMode::kOff;  // the clamping cases pass bad ends on purpose
+
+  if (!gpu) {
+    attnkit::topk(t, o);
+  } else {
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    std::size_t bytes = 0;
+    attnkit::topk(nullptr, bytes, t, o, stream);
+    void* ws = nullptr;
+    cudaMalloc(&ws, std::max<std::size_t>(bytes, 256));
+    if (graph) {
+      cudaGraph_t g;
+      cudaGraphExec_t exec;
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+      attnkit::topk(ws, bytes, t, o, stream);
+      cudaStreamEndCapture(stream, &g);
+      cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphLaunch(exec, stream);
+      cudaGraphLaunch(exec, stream);  // replays must give the same result
+      cudaStreamSynchronize(stream);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(g);
+    } else {
+      attnkit::topk(ws, bytes, t, o, stream);
+    }
+    cudaStreamSynchronize(stream);
+    cudaMemcpy(values.data(), v_ptr, values.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(indices.data(), i_ptr, indices.size(), cudaMemcpyDeviceToHost);
+    cudaFree(ws);
+    cudaStreamDestroy(stream);
+    for (void* p : {x_ptr, v_ptr, i_ptr, b_ptr, e_ptr, o_ptr}) cudaFree(p);
+  }
+
+  Result r;
+  for (std::int64_t b = 0; b < c.batch; ++b) {
+    for (std::int64_t j = 0; j < c.k; ++j) {
+      const std::size_t at = static_cast<std::size_t>(b * out_stride + j);
+      if (c.int32_indices) {
+        std::int32_t v;
+        std::memcpy(&v, indices.data() + at * 4, 4);
+        r.indices.push_back(v);
+      } else {
+        std::int64_t v;
+        std::memcpy(&v, indices.data() + at * 8, 8);
+        r.indices.push_back(v);
+      }
+      if (c.values) r.values.insert(r.values.end(), values.begin() + static_cast<std::ptrdiff_t>(at * elem),
+                                    values.begin() + static_cast<std::ptrdiff_t>((at + 1) * elem));
+    }
+  }
+  return r;
+}
+
+/// For order "none" the row order is unspecified: compare rows sorted by index.
+void canonicalise(const Case& c, Result& r) {
+  if (c.order != attnkit::TopkOrder::kNone) return;
+  const std::size_t elem = attnkit::dtype_size(c.dtype);
+  for (std::int64_t b = 0; b < c.batch; ++b) {
+    std::vector<std::pair<std::int64_t, std::vector<std::uint8_t>>> row;
+    for (std::int64_t j = 0; j < c.k; ++j) {
+      const std::size_t at = static_cast<std::size_t>(b * c.k + j);
+      std::vector<std::uint8_t> v;
+      if (c.values) v.assign(r.values.begin() + static_cast<std::ptrdiff_t>(at * elem), r.values.begin() + static_cast<std::ptrdiff_t>((at + 1) * elem));
+      row.emplace_back(r.indices[at], v);
+    }
+    std::stable_sort(row.begin(), row.end(), [](const auto& a, const auto& d) { return a.first < d.first; });
+    for (std::int64_t j = 0; j < c.k; ++j) {
+      const std::size_t at = static_cast<std::size_t>(b * c.k + j);
+      r.indices[at] = row[static_cast<std::size_t>(j)].first;
+      if (c.values) std::copy(row[static_cast<std::size_t>(j)].second.begin(), row[static_cast<std::size_t>(j)].second.end(), r.values.begin() + static_cast<std::ptrdiff_t>(at * elem));
+    }
+  }
+}
+
+void check_case(const Case& c, bool graph = false) {
+  SCOPED_TRACE(c.str() + (graph ? " graph" : ""));
+  const std::int64_t stride = c.n + c.pad;
+  const auto rows = make_rows(c.dtype, c.batch, c.n, stride + c.misalign, c.dist, c.seed);
+  std::vector<std::int32_t> begin, end;
+  std::vector<std::int64_t> offset;
+  std::mt19937_64 rng(c.seed * 7 + 3);
+  if (c.ragged) {
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+      std::int64_t e = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.n + 1));
+      std::int64_t s = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(e + 1));
+      if (b % 5 == 1) s = e;  // empty row
+      if (b % 7 == 2) { s = 0; e = c.n; }
+      if (c.ends_past_n && b % 3 == 0) e = c.n + 1 + static_cast<std::int64_t>(rng() % 1000);
+      if (c.ends_past_n && b % 3 == 1) s = -5;
+      begin.push_back(static_cast<std::int32_t>(s));
+      end.push_back(static_cast<std::int32_t>(e));
+    }
+  }
+  if (c.offset) {
+    for (std::int64_t b = 0; b < c.batch; ++b) offset.push_back(static_cast<std::int64_t>(rng() % 100000) - 50000);
+  }
+  // Expected: the CPU reference for small problems, the CPU fast path (itself held to the
+  // reference by the CPU suite) for large ones.
+  const bool small = c.batch * c.n <= (std::int64_t{1} << 21);
+  Result want = run_case(c, rows, begin, end, offset, kCpu,
+                         small ? attnkit::TopkBackend::kReference : attnkit::TopkBackend::kAuto);
+  Result got = run_case(c, rows, begin, end, offset, kGpu, attnkit::TopkBackend::kAuto, graph);
+  canonicalise(c, want);
+  canonicalise(c, got);
+  std::int64_t bad = 0;
+  for (std::size_t i = 0; i < want.indices.size() && bad < 5; ++i) {
+    if (want.indices[i] != got.indices[i]) {
+      ADD_FAILURE() << "row " << static_cast<std::int64_t>(i) / c.k << " slot " << static_cast<std::int64_t>(i) % c.k
+                    << ": index " << got.indices[i] << ", expected " << want.indices[i];
+      ++bad;
+    }
+  }
+  EXPECT_EQ(want.indices, got.indices);
+  EXPECT_TRUE(want.values == got.values) << "values differ bitwise";
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class TopkCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+    ASSERT_GT(count, 0) << "these tests need a CUDA device";
+  }
+};
+
+TEST_F(TopkCuda, SmallEveryOption) {
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  const attnkit::TopkOrder orders[] = {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kIndex,
+                                       attnkit::TopkOrder::kValue};
+  std::uint64_t seed = 100;
+  for (DType dtype : dtypes) {
+    for (attnkit::TopkOrder order : orders) {
+      for (int variant = 0; variant < 8; ++variant) {
+        Case c;
+        c.dtype = dtype;
+        c.order = order;
+        c.batch = 1 + variant * 3;
+        c.n = std::int64_t{1} << (4 + variant);  // 16 .. 2048
+        c.n -= variant % 2 ? 3 : 0;
+        c.k = variant % 3 == 0 ? 1 : variant % 3 == 1 ? 7 : c.n / 3 + 1;
+        c.dist = static_cast<Dist>(variant % 10);
+        c.largest = variant % 2 == 0;
+        c.nan = variant % 4 == 3 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+        c.ragged = variant % 3 == 2;
+        c.offset = variant % 2 == 1;
+        c.int32_indices = variant % 2 == 0;
+        c.values = variant != 5;
+        c.misalign = variant % 4;
+        c.pad = variant * 5;
+        c.out_pad = variant % 3;
+        c.seed = seed++;
+        check_case(c);
+      }
+    }
+  }
+}
+
+TEST_F(TopkCuda, SmallDistributions) {
+  std::uint64_t seed = 500;
+  for (int d = 0; d < 10; ++d) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (std::int64_t k : {1, 5, 300}) {
+        Case c;
+        c.dtype = dtype;
+        c.dist = static_cast<Dist>(d);
+        c.batch = 4;
+        c.n = 5000;
+        c.k = k;
+        c.order = attnkit::TopkOrder::kValue;
+        c.seed = seed++;
+        check_case(c);
+      }
+    }
+  }
+}
+
+TEST_F(TopkCuda, SmallKBeyondRowsAndEmpty) {
+  for (std::int64_t n : {0, 1, 3, 17}) {
+    for (std::int64_t k : {1, 5, 20, 5000}) {
+      Case c;
+      c.n = n;
+      c.k = k;
+      c.batch = 3;
+      c.ragged = n > 0;
+      c.ends_past_n = n > 0;
+      c.seed = static_cast<std::uint64_t>(n * 1000 + k);
+      check_case(c);
+    }
+  }
+}
+
+TEST_F(TopkCuda, SmallGraphCaptureReplays) {
+  Case c;
+  c.batch = 3;
+  c.n = 70000;
+  c.k = 512;
+  c.dtype = DType::kBFloat16;
+  check_case(c, /*graph=*/true);
+  c.batch = 2000;
+  c.n = 3000;
+  c.k = 100;
+  c.order = attnkit::TopkOrder::kValue;
+  check_case(c, /*graph=*/true);
+}
+
+TEST_F(TopkCuda, DsaShapes) {
+  // DSA indexer: bf16, k in {512, 1024, 2048}, decode and prefill batches, causal ends.
+  std::uint64_t seed = 900;
+  for (std::int64_t k : {512, 1024, 2048}) {
+    for (auto [b, n] : {std::pair<std::int64_t, std::int64_t>{1, 131072}, {8, 262144}, {300, 65536},
+                        {1024, 8192}}) {
+      Case c;
+      c.dtype = DType::kBFloat16;
+      c.dist = Dist::kDsa;
+      c.batch = b;
+      c.n = n;
+      c.k = k;
+      c.int32_indices = true;
+      c.values = seed % 2 == 0;
+      c.seed = seed++;
+      check_case(c);
+      c.ragged = true;  // causal prefill / ragged decode
+      c.seed = seed++;
+      check_case(c);
+    }
+  }
+}
+
+TEST_F(TopkCuda, SamplingShapes) {
+  std::uint64_t seed = 1300;
+  for (std::int64_t k : {1, 50, 1024, 4096}) {
+    for (std::int64_t b : {1, 7, 256}) {
+      Case c;
+      c.dtype = DType::kFloat32;
+      c.batch = b;
+      c.n = 129280;
+      c.k = k;
+      c.order = attnkit::TopkOrder::kValue;
+      c.seed = seed++;
+      check_case(c);
+    }
+  }
+}
+
+TEST_F(TopkCuda, AdversarialOrderAndTies) {
+  std::uint64_t seed = 1700;
+  for (Dist d : {Dist::kAscending, Dist::kDescending, Dist::kTies, Dist::kAllEqual, Dist::kRawBits}) {
+    for (std::int64_t k : {7, 2048, 4096}) {
+      Case c;
+      c.dtype = DType::kBFloat16;
+      c.dist = d;
+      c.batch = 3;
+      c.n = 300000;
+      c.k = k;
+      c.seed = seed++;
+      check_case(c);
+    }
+  }
+}
+
+TEST_F(TopkCuda, LargeKMultiPass) {
+  std::uint64_t seed = 2100;
+  for (attnkit::TopkOrder order : {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kValue}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      Case c;
+      c.dtype = dtype;
+      c.batch = 3;
+      c.n = 50000;
+      c.k = 5000;
+      c.order = order;
+      c.ragged = true;
+      c.seed = seed++;
+      check_case(c);
+      c.k = c.n;  // k = N
+      c.seed = seed++;
+      check_case(c);
+    }
+  }
+}
+
+TEST_F(TopkCuda, LongRow) {
+  Case c;
+  c.dtype = DType::kBFloat16;
+  c.batch = 1;
+  c.n = std::int64_t{1} << 24;
+  c.k = 2048;
+  c.seed = 2500;
+  check_case(c);
+}
+
+TEST_F(TopkCuda, ManyShortRows) {
+  Case c;
+  c.dtype = DType::kFloat32;
+  c.batch = 8192;
+  c.n = 1000;
+  c.k = 7;
+  c.ragged = true;
+  c.seed = 2600;
+  check_case(c);
+}
+
+TEST_F(TopkCuda, SmallDeterministic) {
+  Case c;
+  c.dtype = DType::kBFloat16;
+  c.dist = Dist::kTies;
+  c.batch = 5;
+  c.n = 200000;
+  c.k = 1000;
+  const auto rows = make_rows(c.dtype, c.batch, c.n, c.n, c.dist, 77);
+  const Result a = run_case(c, rows, {}, {}, {}, kGpu, attnkit::TopkBackend::kAuto);
+  const Result b = run_case(c, rows, {}, {}, {}, kGpu, attnkit::TopkBackend::kAuto);
+  EXPECT_EQ(a.indices, b.indices);
+  EXPECT_TRUE(a.values == b.values);
+}
+
+TEST_F(TopkCuda, SmallNanRaise) {
+  std::vector<float> x(2 * 1000, 1.0f);
+  x[1500] = NAN;
+  float* dx = device_copy(x);
+  std::int64_t* di = nullptr;
+  cudaMalloc(&di, 2 * 5 * sizeof(std::int64_t));
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(dx, DType::kFloat32, kGpu, {2, 1000});
+  t.out_indices = TensorView::make(di, DType::kInt64, kGpu, {2, 5});
+  attnkit::TopkOptions o;
+  o.k = 5;
+  o.nan = attnkit::NanPolicy::kRaise;
+  try {
+    attnkit::topk(t, o);
+    ADD_FAILURE() << "expected a NaN error";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kNanFound);
+  }
+  // The NaN lies outside row 1's range [0, 400): no error.
+  std::vector<std::int32_t> end = {1000, 400};
+  std::int32_t* de = device_copy(end);
+  t.end = TensorView::make(de, DType::kInt32, kGpu, {2});
+  x[1500] = 1.0f;
+  x[1401] = NAN;  // row 1, column 401
+  cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
+  EXPECT_NO_THROW(attnkit::topk(t, o));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the context is healthy
+  cudaFree(dx);
+  cudaFree(di);
+  cudaFree(de);
+}
+
+TEST_F(TopkCuda, SmallCheckOnRejectsBadEnd) {
+  std::vector<float> x(2 * 100, 1.0f);
+  float* dx = device_copy(x);
+  std::vector<std::int64_t> sentinel(2 * 5, -77);
+  std::int64_t* di = device_copy(sentinel);
+  std::vector<std::int32_t> end = {100, 101};
+  std::int32_t* de = device_copy(end);
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(dx, DType::kFloat32, kGpu, {2, 100});
+  t.out_indices = TensorView::make(di, DType::kInt64, kGpu, {2, 5});
+  t.end = TensorView::make(de, DType::kInt32, kGpu, {2});
+  attnkit::TopkOptions o;
+  o.k = 5;
+  o.check = attnkit::CheckMode::kOn;
+  try {
+    attnkit::topk(t, o);
+    ADD_FAILURE() << "expected an error for end[1] = 101 > N";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kValue);
+    EXPECT_NE(std::string(e.what()).find("end[1] = 101"), std::string::npos) << e.what();
+  }
+  std::vector<std::int64_t> after(2 * 5);
+  cudaMemcpy(after.data(), di, after.size() * 8, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(after, sentinel);  // nothing written
+  cudaFree(dx);
+  cudaFree(di);
+  cudaFree(de);
+}
+
+TEST_F(TopkCuda, SmallMixedDevicesRejected) {
+  std::vector<float> x(100, 1.0f);
+  float* dx = device_copy(x);
+  std::vector<std::int64_t> host_idx(5);
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(dx, DType::kFloat32, kGpu, {100});
+  t.out_indices = TensorView::make(host_idx.data(), DType::kInt64, kCpu, {5});
+  attnkit::TopkOptions o;
+  o.k = 5;
+  try {
+    attnkit::topk(t, o);
+    ADD_FAILURE() << "expected a device error";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kDevice);
+  }
+  cudaFree(dx);
+}
+
+}  // namespace

@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnkit.compat.deep_select.topk: DeepSelect's signature and defaults, its limits lifted."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from attnkit.compat import deep_select
+from conftest import assert_same_result, describe, make_rows, rng_for
+from reference import topk_reference
+
+INT32_MAX = 2147483647
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def test_signature_and_defaults():
+    params = inspect.signature(deep_select.topk).parameters
+    assert list(params) == [
+        "input", "topk", "sorted", "begin", "end", "indices_type", "sorted_index", "hint",
+        "output_idx", "output_idx_offset", "idx_oob_fill_value", "value_oob_fill_value",
+        "return_value", "abort_when_nan_found"]
+    d = {name: p.default for name, p in params.items()}
+    assert d["input"] is inspect.Parameter.empty and d["topk"] is inspect.Parameter.empty
+    assert d["sorted"] is False and d["sorted_index"] is False
+    assert d["begin"] is None and d["end"] is None and d["hint"] is None
+    assert d["output_idx"] is None and d["output_idx_offset"] is None
+    assert d["indices_type"] in (None, torch.int64)
+    assert d["idx_oob_fill_value"] == INT32_MAX
+    assert math.isinf(d["value_oob_fill_value"]) and d["value_oob_fill_value"] < 0
+    assert d["return_value"] is True and d["abort_when_nan_found"] is True
+    for name, p in params.items():
+        assert p.kind in (p.POSITIONAL_OR_KEYWORD,), f"{name} must be passable by position"
+
+
+@pytest.mark.parametrize("dtype", ("bfloat16", "float32", "float16"))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_defaults_behave_like_deep_select(dtype, seed):
+    rng = rng_for("ds_defaults", dtype, seed)
+    x = to_torch(make_rows("normal@1", (5, 300), dtype, rng))
+    end = torch.tensor(rng.integers(0, 301, size=5), dtype=torch.int32)
+    end[0] = 300
+    values, indices = deep_select.topk(x, 64, end=end)
+    assert isinstance(values, torch.Tensor) and indices.dtype == torch.int64
+    want = topk_reference(to_numpy(x), 64, end=end.numpy(), index_fill=INT32_MAX,
+                          value_fill=-np.inf)
+    assert_same_result((to_numpy(values), indices.numpy()), want,
+                       describe(dtype=dtype, seed=seed))
+
+
+@pytest.mark.parametrize("sorted_flag,sorted_index,order",
+                         [(False, False, "none"), (True, False, "value"), (False, True, "index")],
+                         ids=["unsorted", "sorted", "sorted_index"])
+@pytest.mark.parametrize("indices_type", (torch.int32, torch.int64), ids=("i32", "i64"))
+def test_orders_and_indices_type(sorted_flag, sorted_index, order, indices_type):
+    rng = rng_for("ds_orders", sorted_flag, sorted_index, str(indices_type))
+    x = to_torch(make_rows("ties4", (4, 500), "bfloat16", rng))
+    values, indices = deep_select.topk(x, 100, sorted=sorted_flag, sorted_index=sorted_index,
+                                       indices_type=indices_type)
+    assert indices.dtype == indices_type
+    want = topk_reference(to_numpy(x), 100, sorted=order,
+                          indices_dtype=np.int32 if indices_type == torch.int32 else np.int64)
+    assert_same_result((to_numpy(values), indices.numpy()), want, describe(order=order))
+
+
+def test_positional_arguments_follow_deep_select_order():
+    x = to_torch(make_rows("normal@1", (3, 50), "float32", rng_for("ds_positional")))
+    end = torch.tensor([50, 20, 3], dtype=torch.int32)
+    # topk(input, topk, sorted, begin, end, indices_type, sorted_index)
+    values, indices = deep_select.topk(x, 10, True, None, end, torch.int32, False)
+    want = topk_reference(to_numpy(x), 10, sorted="value", end=end.numpy(),
+                          index_fill=INT32_MAX, indices_dtype=np.int32)
+    assert_same_result((to_numpy(values), indices.numpy()), want, "positional call")
+
+
+def test_sorted_and_sorted_index_together_raise():
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match="sorted"):
+        deep_select.topk(x, 4, sorted=True, sorted_index=True)
+
+
+@pytest.mark.parametrize("indices_type", (torch.int32, torch.int64), ids=("i32", "i64"))
+def test_output_idx_offset_and_fills(indices_type):
+    rng = rng_for("ds_out", str(indices_type))
+    x = to_torch(make_rows("normal@1", (6, 40), "float32", rng))
+    end = torch.tensor([40, 0, 5, 39, 1, 20], dtype=torch.int32)
+    offset = torch.tensor([0, 1000, -3, 7, 2**20, 12], dtype=torch.int32)
+    out = torch.full((6, 45), -7777, dtype=indices_type)
+    values, indices = deep_select.topk(x, 45, end=end, indices_type=indices_type,
+                                       sorted_index=True, output_idx=out,
+                                       output_idx_offset=offset, idx_oob_fill_value=-2,
+                                       value_oob_fill_value=0.25)
+    assert indices is out
+    want = topk_reference(to_numpy(x), 45, sorted="index", end=end.numpy(),
+                          index_offset=offset.numpy(), index_fill=-2, value_fill=0.25,
+                          indices_dtype=np.int32 if indices_type == torch.int32 else np.int64)
+    assert_same_result((to_numpy(values), out.numpy()), want, f"indices_type={indices_type}")
+
+
+def test_default_index_fill_is_int32_max():
+    x = torch.tensor([[3.0, 1.0]], dtype=torch.float32)
+    for indices_type in (torch.int32, torch.int64):
+        values, indices = deep_select.topk(x, 4, indices_type=indices_type, sorted=True)
+        assert indices.tolist() == [[0, 1, INT32_MAX, INT32_MAX]]
+        assert values.tolist() == [[3.0, 1.0, -math.inf, -math.inf]]
+
+
+def test_return_value_false():
+    x = to_torch(make_rows("normal@1", (3, 64), "bfloat16", rng_for("ds_noval")))
+    values, indices = deep_select.topk(x, 8, return_value=False, sorted_index=True)
+    assert values is None
+    want = topk_reference(to_numpy(x), 8, sorted="index")
+    assert np.array_equal(indices.numpy(), want[1])
+
+
+@pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
+def test_abort_when_nan_found(dtype):
+    rng = rng_for("ds_nan", dtype)
+    a = make_rows("normal@1", (4, 100), dtype, rng)
+    a[2, 17] = np.nan
+    x = to_torch(a)
+    with pytest.raises(ValueError, match="NaN"):
+        deep_select.topk(x, 10)
+    with pytest.raises(ValueError, match="NaN"):
+        deep_select.topk(x, 10, abort_when_nan_found=True)
+    # Outside the valid range the NaN is not seen.
+    end = torch.tensor([100, 100, 17, 100], dtype=torch.int32)
+    got = deep_select.topk(x, 10, end=end, sorted=True)
+    want = topk_reference(a, 10, end=end.numpy(), sorted="value", index_fill=INT32_MAX)
+    assert_same_result((to_numpy(got[0]), got[1].numpy()), want, "NaN outside end")
+    # abort_when_nan_found=False: NaN ranks above +inf (torch.topk's order).
+    got = deep_select.topk(x, 10, abort_when_nan_found=False, sorted=True)
+    want = topk_reference(a, 10, sorted="value", index_fill=INT32_MAX)
+    assert_same_result((to_numpy(got[0]), got[1].numpy()), want, "abort_when_nan_found=False")
+    assert got[1][2, 0].item() == 17
+
+
+def test_limits_lifted():
+    rng = rng_for("ds_limits")
+    # k > 4096, float16, an unaligned row stride, begin and hint given.
+    wide = make_rows("normal@1", (2, 9001), "float16", rng)
+    x = to_torch(wide)[:, 1:]
+    begin = torch.tensor([0, 100], dtype=torch.int64)
+    values, indices = deep_select.topk(x, 5000, begin=begin, hint=object(), sorted=True)
+    want = topk_reference(wide[:, 1:], 5000, begin=begin.numpy(), sorted="value",
+                          index_fill=INT32_MAX)
+    assert_same_result((to_numpy(values), indices.numpy()), want, "limits lifted")
+
+
+def test_numpy_input():
+    x = make_rows("ties4", (3, 30), "float32", rng_for("ds_numpy"))
+    values, indices = deep_select.topk(x, 5, sorted=True)
+    assert isinstance(values, np.ndarray)
+    assert_same_result((values, indices), topk_reference(x, 5, sorted="value"), "numpy input")

@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnkit runtime functions: CPU thread count, build info, CUDA availability; results that do
+not depend on the thread count."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import attnkit
+from conftest import assert_same_result, bits, describe, make_rows, rng_for
+from reference import topk_reference
+
+
+def test_num_threads_is_positive():
+    n = attnkit.num_threads()
+    assert isinstance(n, int) and n >= 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_set_num_threads(restore_threads, n):
+    attnkit.set_num_threads(n)
+    assert attnkit.num_threads() == n
+    assert f"cpu threads: {n}" in attnkit.info()
+
+
+@pytest.mark.parametrize("n", [0, -1, -100])
+def test_set_num_threads_rejects_below_one(restore_threads, n):
+    attnkit.set_num_threads(2)
+    with pytest.raises(ValueError) as info:
+        attnkit.set_num_threads(n)
+    assert f"n = {n}" in str(info.value) and ">= 1" in str(info.value)
+    assert attnkit.num_threads() == 2, "a refused resize keeps the pool as it was"
+    x = make_rows("normal@1", (3, 100), "float32", rng_for("after_refused_resize", n))
+    assert_same_result(attnkit.topk(x, 5), topk_reference(x, 5), "topk after a refused resize")
+
+
+def test_num_threads_from_environment():
+    env = dict(os.environ, ATTNKIT_NUM_THREADS="3")
+    out = subprocess.run([sys.executable, "-c", "import attnkit; print(attnkit.num_threads())"],
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "3"
+
+
+def test_info():
+    text = attnkit.info()
+    assert isinstance(text, str)
+    assert text.startswith(f"attnkit {attnkit.__version__}")
+    assert f"cpu threads: {attnkit.num_threads()}" in text
+    assert "cuda" in text
+
+
+def test_cuda_available_matches_info():
+    available = attnkit.cuda_available()
+    assert isinstance(available, bool)
+    assert ("cuda: not built" in attnkit.info()) == (not available)
+
+
+THREAD_CASES = [(1, 70001, "float32"), (1, 200000, "bfloat16"), (2, 70000, "float16"),
+                (1000, 100, "bfloat16"), (5, 3000, "float32")]
+
+
+@pytest.mark.parametrize("rows,cols,dtype", THREAD_CASES,
+                         ids=[f"B={b}-N={n}-{d}" for b, n, d in THREAD_CASES])
+def test_results_do_not_depend_on_thread_count(restore_threads, rows, cols, dtype):
+    rng = rng_for("threads", rows, cols, dtype)
+    x = make_rows("ties4" if rows > 3 else "normal@1", (rows, cols), dtype, rng)
+    x[:, ::97] = x[:, :1]  # extra ties spread over every segment of the row
+    results = {}
+    for n in (1, 2, 3):
+        attnkit.set_num_threads(n)
+        for k, sorted_mode, ties in ((1, "value", "lowest_index"), (64, "none", "lowest_index"),
+                                     (1024, "value", "any")):
+            results[(n, k, sorted_mode, ties)] = attnkit.topk(x, k, sorted=sorted_mode,
+                                                              ties=ties)
+    for (n, k, sorted_mode, ties), got in results.items():
+        want = results[(1, k, sorted_mode, ties)]
+        assert_same_result(got, want, describe(threads=n, k=k, sorted=sorted_mode, ties=ties,
+                                               rows=rows, cols=cols, dtype=dtype))
+    # And the one-thread result is the reference (ties="lowest_index").
+    for k, sorted_mode in ((1, "value"), (64, "none")):
+        assert_same_result(results[(1, k, sorted_mode, "lowest_index")],
+                           topk_reference(x, k, sorted=sorted_mode),
+                           describe(k=k, sorted=sorted_mode, rows=rows, cols=cols, dtype=dtype))
+
+
+def test_concurrent_calls_from_python_threads(restore_threads):
+    attnkit.set_num_threads(2)
+    inputs = [make_rows("normal@1", (2, 30000), "float32", rng_for("concurrent", t))
+              for t in range(4)]
+    expected = [topk_reference(x, 100, sorted="value") for x in inputs]
+    results = [None] * len(inputs)
+    errors = []
+
+    def work(t):
+        try:
+            for _ in range(5):
+                results[t] = attnkit.topk(inputs[t], 100, sorted="value")
+        except Exception as e:  # reported below with the thread's number
+            errors.append((t, e))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(inputs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for t, (got, want) in enumerate(zip(results, expected)):
+        assert_same_result(got, want, f"python thread {t}")
+
+
+def test_repeated_calls_are_bit_identical():
+    x = make_rows("ties4", (7, 50000), "bfloat16", rng_for("repeat"))
+    first = attnkit.topk(x, 2000, ties="any")
+    for _ in range(3):
+        again = attnkit.topk(x, 2000, ties="any")
+        assert np.array_equal(again[1], first[1])
+        assert np.array_equal(bits(again[0]), bits(first[0]))

@@ -1,0 +1,318 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnkit.topk bad input: one case per rule of SPEC "Bad input" and include/attnkit/topk.hpp.
+
+ValueError for values, shapes and layouts; TypeError for dtypes. Each message must name the
+argument and the value seen. Caller buffers passed to a failing call must be left untouched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Tuple
+
+import numpy as np
+import pytest
+import torch
+
+import attnkit
+from conftest import assert_same_result, bits, make_rows, poisoned, rng_for
+from reference import FLOAT_DTYPES, topk_reference
+
+B, N, K = 4, 10, 3
+
+
+def _x(dtype: str = "float32", shape=(B, N)) -> np.ndarray:
+    return make_rows("normal@1", shape, dtype, rng_for("bad_input_x", dtype, shape))
+
+
+def _as_strided(base: np.ndarray, shape, strides) -> np.ndarray:
+    return np.lib.stride_tricks.as_strided(base, shape=shape, strides=strides, writeable=False)
+
+
+@dataclass
+class Bad:
+    """One bad call: build() -> (x, k, kwargs); the error type and fragments of its message."""
+
+    name: str
+    build: Callable[[], Tuple[Any, int, dict]]
+    error: type
+    fragments: Tuple[str, ...]
+    add_outputs: bool = True  # also pass poisoned caller buffers of the right shape
+    extra: dict = field(default_factory=dict)
+
+
+def _wrong(name, **kwargs):
+    return lambda: (_x(), K, kwargs)
+
+
+def _overlapping_outputs():
+    raw = np.zeros(64, np.int64)
+    oi = raw[: B * K].reshape(B, K)
+    ov = raw.view(np.float32)[: B * K].reshape(B, K)  # the same bytes as oi
+    return _x(), K, dict(out_indices=oi, out_values=ov)
+
+
+def _out_overlaps_x():
+    storage = np.zeros((B, N + 8), np.float32)
+    x = storage[:, :N]
+    ov = storage[:, N:N + K]  # inside x's byte extent (between its rows)
+    return x, K, dict(out_values=ov, out_indices=poisoned((B, K), np.int64))
+
+
+def _out_overlaps_end():
+    raw = poisoned((B * K + B,), np.int64)
+    end = raw[:B]
+    end[:] = N
+    return _x(), K, dict(end=end, out_indices=raw[: B * K].reshape(B, K))
+
+
+def _out_overlaps_index_offset():
+    raw = poisoned((B * K + B,), np.int32)
+    offset = raw[B * K - 2: B * K - 2 + B]
+    offset[:] = 0
+    return _x(), K, dict(index_offset=offset, out_indices=raw[: B * K].reshape(B, K),
+                         indices_dtype="int32")
+
+
+def _rows_overlap():
+    # stride(0) = 1 < k: row b's slots are row b+1's too (writeable, so untouched is checked).
+    oi = np.lib.stride_tricks.as_strided(poisoned((B * K,), np.int64), shape=(B, K),
+                                         strides=(8, 8))
+    return _x(), K, dict(out_indices=oi)
+
+
+def _byte_strides():
+    raw = np.zeros((B, 4 * N + 1), np.uint8)
+    x = raw[:, : 4 * N].view(np.float32)  # byte row stride 4N + 1
+    return x, K, {}
+
+
+def _misaligned(shape, dtype) -> np.ndarray:
+    """An array whose base address is one byte past a multiple of its item size."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    raw = np.zeros(count * dtype.itemsize + 16, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 16 + 1
+    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _misaligned_out_indices():
+    oi = _misaligned((B, K), np.int64)
+    oi[...] = -7777
+    return _x(), K, dict(out_indices=oi)
+
+
+def _huge_columns():
+    base = np.zeros(16, np.float32)
+    return _as_strided(base, (1, 2**31), (0, 4)), 1, {}
+
+
+def _huge_rows():
+    base = np.zeros(16, np.float32)
+    return _as_strided(base, (2**31, 1), (0, 4)), 0, {}
+
+
+CASES = [
+    # x: rank, dtype, layout, extents
+    Bad("x_rank0", lambda: (np.array(1.0, np.float32), K, {}), ValueError,
+        ("x has 0 dimensions",), add_outputs=False),
+    Bad("x_rank3", lambda: (_x(shape=(2, 3, 4)), K, {}), ValueError,
+        ("x has 3 dimensions", "[2, 3, 4]"), add_outputs=False),
+    Bad("x_float64", lambda: (np.zeros((B, N)), K, {}), TypeError, ("x.dtype", "float64")),
+    Bad("x_int32", lambda: (np.zeros((B, N), np.int32), K, {}), TypeError, ("x.dtype", "int32")),
+    Bad("x_int8", lambda: (np.zeros((B, N), np.int8), K, {}), TypeError, ("x.dtype", "int8")),
+    Bad("x_bool", lambda: (np.zeros((B, N), np.bool_), K, {}), TypeError, ("x.dtype", "bool")),
+    Bad("x_complex64", lambda: (np.zeros((B, N), np.complex64), K, {}), TypeError,
+        ("x.dtype", "complex64")),
+    Bad("x_list", lambda: ([[1.0, 2.0]], 1, {}), TypeError, ("x", "list"), add_outputs=False),
+    Bad("x_columns_strided", lambda: (_x(shape=(B, 2 * N))[:, ::2], K, {}), ValueError,
+        ("x.stride(-1) = 2", "contiguous")),
+    Bad("x_fortran_order", lambda: (np.asfortranarray(_x()), K, {}), ValueError,
+        ("x.stride(-1) = 4", "contiguous")),
+    Bad("x_byte_strides", _byte_strides, ValueError, ("x", "byte strides", "41")),
+    Bad("x_misaligned_element", lambda: (_misaligned((B, N), np.float32), K, {}), ValueError,
+        ("x.data", "4-byte element size")),
+    Bad("x_columns_over_2^31-1", _huge_columns, ValueError, ("N = 2147483648", "2^31 - 1"),
+        extra=dict(rows=1, k=1)),
+    Bad("x_rows_over_2^31-1", _huge_rows, ValueError, ("B = 2147483648", "2^31 - 1"),
+        add_outputs=False),
+    # k
+    Bad("k_negative", lambda: (_x(), -1, {}), ValueError, ("k = -1", ">= 0"), add_outputs=False),
+    Bad("k_very_negative", lambda: (_x(), -(2**40), {}), ValueError, ("k = -1099511627776",),
+        add_outputs=False),
+    # begin / end / index_offset: shape, dtype
+    Bad("begin_wrong_length", _wrong("begin", begin=np.zeros(B + 1, np.int64)), ValueError,
+        ("begin has shape [5]", "[B] = [4]")),
+    Bad("end_wrong_length", _wrong("end", end=np.zeros(B - 1, np.int32)), ValueError,
+        ("end has shape [3]", "[B] = [4]")),
+    Bad("end_rank2", _wrong("end", end=np.zeros((B, 1), np.int32)), ValueError,
+        ("end has shape [4, 1]",)),
+    Bad("index_offset_wrong_length", _wrong("io", index_offset=np.zeros(2, np.int64)),
+        ValueError, ("index_offset has shape [2]", "[B] = [4]")),
+    Bad("begin_float", _wrong("begin", begin=np.zeros(B, np.float32)), TypeError,
+        ("begin.dtype = float32",)),
+    Bad("end_int16", _wrong("end", end=np.zeros(B, np.int16)), TypeError, ("end.dtype = int16",)),
+    Bad("end_uint32", _wrong("end", end=np.zeros(B, np.uint32)), TypeError,
+        ("end.dtype = uint32",)),
+    Bad("end_misaligned_element", _wrong("end", end=_misaligned((B,), np.int32)), ValueError,
+        ("end.data", "4-byte element size")),
+    Bad("index_offset_float64", _wrong("io", index_offset=np.zeros(B)), TypeError,
+        ("index_offset.dtype = float64",)),
+    # begin / end / index_offset: values (checked on the CPU by default)
+    Bad("begin_negative", _wrong("begin", begin=np.array([0, 0, -1, 0], np.int64)), ValueError,
+        ("begin[2] = -1",)),
+    Bad("begin_past_N", _wrong("begin", begin=np.array([0, 11, 0, 0], np.int32)), ValueError,
+        ("begin[1] = 11",)),
+    Bad("end_past_N", _wrong("end", end=np.array([10, 10, 10, 11], np.int32)), ValueError,
+        ("end[3] = 11",)),
+    Bad("end_negative", _wrong("end", end=np.array([-3, 10, 10, 10], np.int64)), ValueError,
+        ("end[0] = -3",)),
+    Bad("end_before_begin", _wrong("end", begin=np.array([0, 5, 0, 0], np.int32),
+                                   end=np.array([10, 4, 10, 10], np.int32)), ValueError,
+        ("end[1] = 4", "begin[1]")),
+    Bad("index_offset_past_int32", _wrong("io", index_offset=np.array([0, 2**31 - 5, 0, 0]),
+                                          indices_dtype="int32"), ValueError,
+        ("index_offset[1] = 2147483643", "int32")),
+    Bad("index_offset_below_int32", _wrong("io", index_offset=np.array([0, 0, -(2**31) - 1, 0]),
+                                           indices_dtype="int32"), ValueError,
+        ("index_offset[2] = -2147483649", "int32")),
+    Bad("index_offset_past_int64", _wrong("io", index_offset=np.array([0, 0, 0, 2**63 - 2])),
+        ValueError, ("index_offset[3] = 9223372036854775806", "int64")),
+    # outputs: shape, dtype, layout, overlap
+    Bad("out_indices_wrong_shape", _wrong("oi", out_indices=poisoned((B, K + 1), np.int64)),
+        ValueError, ("out_indices has shape [4, 4]", "[B, k] = [4, 3]"), add_outputs=False),
+    Bad("out_indices_wrong_rows", _wrong("oi", out_indices=poisoned((B + 1, K), np.int64)),
+        ValueError, ("out_indices has shape [5, 3]",), add_outputs=False),
+    Bad("out_indices_rank1", _wrong("oi", out_indices=poisoned((B * K,), np.int64)),
+        ValueError, ("out_indices has shape [12]",), add_outputs=False),
+    Bad("out_indices_float32", _wrong("oi", out_indices=poisoned((B, K), np.float32)),
+        TypeError, ("out_indices.dtype = float32",), add_outputs=False),
+    Bad("out_indices_int16", _wrong("oi", out_indices=poisoned((B, K), np.int16)),
+        TypeError, ("out_indices.dtype = int16",), add_outputs=False),
+    Bad("out_indices_strided_columns",
+        _wrong("oi", out_indices=poisoned((B, 2 * K), np.int64)[:, ::2]), ValueError,
+        ("out_indices.stride(-1) = 2",), add_outputs=False),
+    Bad("out_indices_misaligned_element", _misaligned_out_indices, ValueError,
+        ("out_indices.data", "8-byte element size"), add_outputs=False),
+    Bad("out_indices_rows_overlap", _rows_overlap, ValueError,
+        ("out_indices.stride(0) = 1", "overlap"), add_outputs=False),
+    Bad("out_values_wrong_shape",
+        _wrong("ov", out_values=poisoned((B, K - 1), np.float32),
+               out_indices=poisoned((B, K), np.int64)), ValueError,
+        ("out_values has shape [4, 2]", "[B, k] = [4, 3]"), add_outputs=False),
+    Bad("out_values_wrong_dtype",
+        _wrong("ov", out_values=poisoned((B, K), np.float16),
+               out_indices=poisoned((B, K), np.int64)), TypeError,
+        ("out_values.dtype = float16", "float32"), add_outputs=False),
+    Bad("out_values_strided_columns",
+        _wrong("ov", out_values=poisoned((B, 3 * K), np.float32)[:, ::3],
+               out_indices=poisoned((B, K), np.int64)), ValueError,
+        ("out_values.stride(-1) = 3",), add_outputs=False),
+    Bad("outputs_overlap_each_other", _overlapping_outputs, ValueError,
+        ("out_values overlaps out_indices",), add_outputs=False),
+    Bad("out_values_overlaps_x", _out_overlaps_x, ValueError, ("out_values overlaps x",),
+        add_outputs=False),
+    Bad("out_indices_overlaps_end", _out_overlaps_end, ValueError, ("out_indices overlaps end",),
+        add_outputs=False),
+    Bad("out_indices_overlaps_index_offset", _out_overlaps_index_offset, ValueError,
+        ("out_indices overlaps index_offset",), add_outputs=False),
+    # fills and options
+    Bad("index_fill_past_int32", _wrong("if", index_fill=2**31, indices_dtype="int32"),
+        ValueError, ("index_fill = 2147483648", "int32")),
+    Bad("index_fill_below_int32", _wrong("if", index_fill=-(2**31) - 1, indices_dtype="int32"),
+        ValueError, ("index_fill = -2147483649", "int32")),
+    Bad("sorted_unknown", _wrong("s", sorted="descending"), ValueError,
+        ("sorted", "'descending'")),
+    Bad("sorted_none_object", _wrong("s", sorted=None), ValueError, ("sorted", "None")),
+    Bad("nan_unknown", _wrong("n", nan="skip"), ValueError, ("nan", "'skip'")),
+    Bad("ties_unknown", _wrong("t", ties="first"), ValueError, ("ties", "'first'")),
+    Bad("backend_unknown", _wrong("b", backend="cuda"), ValueError, ("backend", "'cuda'")),
+    Bad("check_unknown", _wrong("c", check="yes"), ValueError, ("check", "'yes'")),
+    Bad("indices_dtype_int16", _wrong("d", indices_dtype="int16"), TypeError,
+        ("indices_dtype", "int16"), add_outputs=False),
+    Bad("indices_dtype_float32", _wrong("d", indices_dtype=np.float32), TypeError,
+        ("indices_dtype", "float32"), add_outputs=False),
+    Bad("indices_dtype_unknown_name", _wrong("d", indices_dtype="long"), TypeError,
+        ("indices_dtype", "'long'"), add_outputs=False),
+    # device
+    Bad("begin_on_meta_device",
+        _wrong("begin", begin=torch.zeros(B, dtype=torch.int64, device="meta")), ValueError,
+        ("begin", "meta")),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case):
+    x, k, kwargs = case.build()
+    rows = case.extra.get("rows", B)
+    out_k = case.extra.get("k", k)
+    if case.add_outputs:
+        x_dtype = np.asarray(x).dtype
+        values_dtype = x_dtype if x_dtype in FLOAT_DTYPES.values() else np.dtype(np.float32)
+        kwargs.setdefault("out_values", poisoned((rows, out_k), values_dtype))
+        kwargs.setdefault("out_indices", poisoned(
+            (rows, out_k), np.dtype(kwargs.pop("indices_dtype", "int64"))))
+    outputs = {name: kwargs[name] for name in ("out_values", "out_indices")
+               if isinstance(kwargs.get(name), np.ndarray) and kwargs[name].flags.writeable}
+    before = {name: bits(a).copy() if a.dtype.kind == "f" else a.copy()
+              for name, a in outputs.items()}
+    with pytest.raises(case.error) as info:
+        attnkit.topk(x, k, **kwargs)
+    message = str(info.value)
+    for fragment in case.fragments:
+        assert fragment in message, f"{case.name}: {fragment!r} not in message {message!r}"
+    for name, a in outputs.items():
+        now = bits(a) if a.dtype.kind == "f" else a
+        assert np.array_equal(now, before[name]), f"{case.name}: {name} was written"
+
+
+# ---------------------------------------------------------------------------------------------
+# nan="raise": raises only for a NaN inside a row's valid range
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
+@pytest.mark.parametrize("nan_sign", ("+", "-"))
+@pytest.mark.parametrize("backend", ("auto", "reference"))
+def test_nan_raise_inside_range(dtype, nan_sign, backend):
+    x = _x(dtype)
+    nan = np.array(np.nan if nan_sign == "+" else -np.nan, np.float32).astype(x.dtype)
+    x[2, 6] = nan
+    ov, oi = poisoned((B, K), x.dtype), poisoned((B, K), np.int64)
+    before_v, before_i = bits(ov).copy(), oi.copy()
+    with pytest.raises(ValueError) as info:
+        attnkit.topk(x, K, nan="raise", out_values=ov, out_indices=oi, backend=backend)
+    assert "NaN" in str(info.value) and "nan" in str(info.value)
+    assert np.array_equal(bits(ov), before_v) and np.array_equal(oi, before_i)
+    # The same NaN inside a narrowed range still raises.
+    with pytest.raises(ValueError):
+        attnkit.topk(x, K, nan="raise", begin=np.array([0, 0, 6, 0]),
+                     end=np.array([0, 0, 7, 0]), backend=backend)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
+@pytest.mark.parametrize("where", ("before_begin", "at_end", "empty_row", "long_row_outside"))
+def test_nan_raise_outside_range_does_not_raise(dtype, where):
+    cols = 20000 if where == "long_row_outside" else N
+    x = _x(dtype, shape=(B, cols))
+    begin = np.array([0, 3, 0, 0], np.int64)
+    end = np.array([cols, cols, cols - 1, cols], np.int64)
+    if where == "before_begin":
+        x[1, 2] = np.nan
+    elif where == "at_end":
+        x[2, cols - 1] = np.nan  # end[2] = cols - 1: just outside
+    elif where == "empty_row":
+        begin[3] = end[3] = 5
+        x[3, 5] = np.nan
+    else:
+        begin[0], end[0] = 100, cols - 100
+        x[0, :100] = np.nan
+        x[0, cols - 100:] = np.nan
+    got = attnkit.topk(x, 7, nan="raise", begin=begin, end=end, sorted="value")
+    want = topk_reference(x, 7, begin=begin, end=end, sorted="value")
+    assert_same_result(got, want, f"dtype={dtype}, where={where}")
+
+
+def test_nan_raise_without_nan_equals_default():
+    x = make_rows("inf", (6, 300), "bfloat16", rng_for("nan_raise_clean"))
+    assert_same_result(attnkit.topk(x, 40, nan="raise", sorted="value"),
+                       attnkit.topk(x, 40, sorted="value"), "nan=raise on a NaN-free x")

@@ -1,0 +1,319 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnkit.topk on torch CPU tensors, and the torch.library ops of attnkit.torch.
+
+Results must be torch tensors (zero-copy into caller buffers), values bit-equal to
+torch.topk(sorted=True).values on NaN-free rows, index sets equal to a stable sort's first k;
+torch.ops.attnkit.topk / topk_out pass torch.library.opcheck and work under
+torch.compile(fullgraph=True)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import attnkit
+import attnkit.torch  # noqa: F401  (registers torch.ops.attnkit)
+from conftest import DTYPES, assert_same_result, describe, make_rows, rng_for
+from reference import topk_reference
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_UINT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """A NumPy float array (bfloat16 through ml_dtypes) as a torch tensor, bit for bit."""
+    if a.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A torch tensor as NumPy, bit for bit (bfloat16 through ml_dtypes)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def tensor_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(TORCH_UINT[t.dtype])
+
+
+def torch_rows(dist: str, shape, dtype: str, rng) -> torch.Tensor:
+    return to_torch(make_rows(dist, shape, dtype, rng))
+
+
+def stable_topk_indices(x: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """First k columns of a stable sort by preference (NaN above +inf), ascending column."""
+    order = torch.sort(x.float(), dim=-1, descending=largest, stable=True).indices[..., :k]
+    return torch.sort(order, dim=-1).values
+
+
+# ---------------------------------------------------------------------------------------------
+# attnkit.topk with torch tensors
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sorted_mode", ("none", "index", "value", True, False),
+                         ids=lambda s: f"sorted={s!r}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_results_are_torch_tensors(dtype, sorted_mode):
+    rng = rng_for("torch_types", dtype, sorted_mode)
+    x = torch_rows("ties4", (6, 50), dtype, rng)
+    v, i = attnkit.topk(x, 60, sorted=sorted_mode)
+    assert isinstance(v, torch.Tensor) and isinstance(i, torch.Tensor)
+    assert v.dtype == TORCH_DTYPES[dtype] and i.dtype == torch.int64
+    assert v.device.type == "cpu" and v.shape == (6, 60) and i.shape == (6, 60)
+    want = topk_reference(to_numpy(x), 60, sorted=sorted_mode)
+    assert_same_result((to_numpy(v), i.numpy()), want, describe(dtype=dtype, sorted=sorted_mode))
+    v, i = attnkit.topk(x, 5, indices_dtype=torch.int32)
+    assert i.dtype == torch.int32
+
+
+@pytest.mark.parametrize("largest", (True, False), ids=lambda b: f"largest={b}")
+@pytest.mark.parametrize("dist", ("normal@1e-3", "normal@1", "normal@1e3", "ties4", "inf",
+                                  "denormal", "all_equal", "ascending", "descending"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_values_bit_equal_to_torch_topk(dtype, dist, largest):
+    rng = rng_for("vs_torch", dtype, dist, largest)
+    rows, cols = 9, int(rng.choice([64, 200, 1000, 20000]))
+    x = torch_rows(dist, (rows, cols), dtype, rng)
+    # Signed zeros tie, and torch.topk may order tied -0.0/+0.0 either way: use +0.0 only, so
+    # that the values are bit-comparable.
+    x = torch.where(x == 0, torch.zeros_like(x), x)
+    for k in (1, 17, cols // 2, cols):
+        ctx = describe(dtype=dtype, dist=dist, largest=largest, cols=cols, k=k)
+        v, i = attnkit.topk(x, k, largest=largest, sorted="value")
+        want = torch.topk(x, k, largest=largest, sorted=True).values
+        assert torch.equal(tensor_bits(v), tensor_bits(want)), f"{ctx}: values differ"
+        assert torch.equal(torch.sort(i, dim=-1).values, stable_topk_indices(x, k, largest)), \
+            f"{ctx}: index set differs from a stable sort's first k"
+        assert torch.equal(tensor_bits(x).gather(1, i), tensor_bits(v)), ctx
+
+
+@pytest.mark.parametrize("largest", (True, False), ids=lambda b: f"largest={b}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_rows_match_stable_sort(dtype, largest):
+    rng = rng_for("torch_nan", dtype, largest)
+    x = torch_rows("nan", (8, 300), dtype, rng)
+    for k in (1, 30, 300):
+        v, i = attnkit.topk(x, k, largest=largest)
+        assert torch.equal(i, stable_topk_indices(x, k, largest)), describe(
+            dtype=dtype, largest=largest, k=k)
+        assert torch.equal(tensor_bits(x).gather(1, i), tensor_bits(v))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_caller_buffers_are_written_in_place(dtype):
+    rng = rng_for("torch_out", dtype)
+    x = torch_rows("normal@1", (5, 40), dtype, rng)
+    wide_v = torch.full((5, 50), float("nan"), dtype=TORCH_DTYPES[dtype])
+    wide_i = torch.full((5, 50), -7777, dtype=torch.int32)
+    ov, oi = wide_v[:, 3:48], wide_i[:, 1:46]  # strided, unaligned views: k = 45 > N
+    ptr_v, ptr_i = ov.data_ptr(), oi.data_ptr()
+    end = torch.tensor([40, 0, 13, 39, 1], dtype=torch.int32)
+    v, i = attnkit.topk(x, 45, sorted="value", end=end, out_values=ov, out_indices=oi)
+    assert v is ov and i is oi
+    assert v.data_ptr() == ptr_v and i.data_ptr() == ptr_i
+    want = topk_reference(to_numpy(x), 45, sorted="value", end=end.numpy(),
+                          indices_dtype=np.int32)
+    assert_same_result((to_numpy(v), i.numpy()), want, describe(dtype=dtype))
+    # Columns outside the views are untouched.
+    assert torch.isnan(wide_v[:, :3].float()).all() and torch.isnan(wide_v[:, 48:].float()).all()
+    assert (wide_i[:, :1] == -7777).all() and (wide_i[:, 46:] == -7777).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_requires_grad_inputs_are_accepted(dtype):
+    rng = rng_for("torch_grad", dtype)
+    x = torch_rows("normal@1", (4, 64), dtype, rng)
+    xg = x.clone().requires_grad_(True)
+    got = attnkit.topk(xg, 10, sorted="value")
+    want = attnkit.topk(x, 10, sorted="value")
+    assert torch.equal(tensor_bits(got[0]), tensor_bits(want[0]))
+    assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("layout", ("slice", "unaligned", "every_other_row", "expanded",
+                                    "narrowed"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_contiguous_tensors(dtype, layout):
+    rng = rng_for("torch_layout", dtype, layout)
+    base = torch_rows("ties4", (8, 300), dtype, rng)
+    x = {
+        "slice": base[:, 5:205],
+        "unaligned": base[:, 1:],
+        "every_other_row": base[::2],
+        "expanded": base[0].expand(6, 300),
+        "narrowed": base[2:7, 3:250],
+    }[layout]
+    begin = torch.tensor(rng.integers(0, 50, size=x.shape[0]), dtype=torch.int64)
+    for k in (1, 33, x.shape[1] + 1):
+        v, i = attnkit.topk(x, k, sorted="value", begin=begin)
+        xs = to_numpy(x)
+        want = topk_reference(xs, k, sorted="value", begin=begin.numpy())
+        assert_same_result((to_numpy(v), i.numpy()), want, describe(dtype=dtype, layout=layout,
+                                                                    k=k))
+
+
+def test_begin_end_offset_tensors():
+    rng = rng_for("torch_ranges")
+    x = torch_rows("normal@1", (7, 90), "bfloat16", rng)
+    begin = torch.tensor(rng.integers(0, 40, size=7), dtype=torch.int32)
+    end = torch.tensor(rng.integers(40, 91, size=7), dtype=torch.int64)
+    offset = torch.tensor(rng.integers(-10**6, 10**6, size=7), dtype=torch.int64)
+    v, i = attnkit.topk(x, 60, begin=begin, end=end, index_offset=offset, sorted="index")
+    want = topk_reference(to_numpy(x), 60, begin=begin.numpy(), end=end.numpy(),
+                          index_offset=offset.numpy(), sorted="index")
+    assert_same_result((to_numpy(v), i.numpy()), want, "torch begin/end/index_offset")
+
+
+def test_torch_errors_are_python_exceptions():
+    with pytest.raises(TypeError, match="x.dtype"):
+        attnkit.topk(torch.zeros(3, 4, dtype=torch.float64), 2)
+    with pytest.raises(ValueError, match=r"x.stride\(-1\)"):
+        attnkit.topk(torch.zeros(4, 3).t(), 2)
+    with pytest.raises(ValueError, match="k = -2"):
+        attnkit.topk(torch.zeros(3, 4), -2)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.ops.attnkit.topk / topk_out
+# ---------------------------------------------------------------------------------------------
+
+
+def test_op_topk_schema_defaults():
+    x = torch_rows("ties4", (5, 40), "float32", rng_for("op_defaults"))
+    v, i = torch.ops.attnkit.topk(x, 7)
+    want = topk_reference(to_numpy(x), 7)
+    assert_same_result((to_numpy(v), i.numpy()), want, "torch.ops.attnkit.topk(x, 7)")
+
+
+@pytest.mark.parametrize("return_values", (True, False), ids=lambda b: f"return_values={b}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_op_topk_all_arguments(dtype, return_values):
+    rng = rng_for("op_all", dtype, return_values)
+    x = torch_rows("nan", (6, 70), dtype, rng)
+    begin = torch.tensor(rng.integers(0, 30, size=6), dtype=torch.int64)
+    end = torch.tensor(rng.integers(30, 71, size=6), dtype=torch.int32)
+    offset = torch.tensor(rng.integers(0, 1000, size=6), dtype=torch.int32)
+    v, i = torch.ops.attnkit.topk(x, 50, False, "value", begin, end, torch.int32, return_values,
+                                  offset, -5, 2.5, "ignore", "lowest_index", True)
+    want = topk_reference(to_numpy(x), 50, largest=False, sorted="value", begin=begin.numpy(),
+                          end=end.numpy(), index_offset=offset.numpy(), index_fill=-5,
+                          value_fill=2.5, nan="ignore", indices_dtype=np.int32)
+    if return_values:
+        assert_same_result((to_numpy(v), i.numpy()), want, describe(dtype=dtype))
+    else:
+        assert v.shape == (0,) and v.dtype == x.dtype
+        assert np.array_equal(i.numpy(), want[1])
+
+
+@pytest.mark.parametrize("with_values", (True, False), ids=lambda b: f"with_values={b}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_op_topk_out(dtype, with_values):
+    rng = rng_for("op_out", dtype, with_values)
+    x = torch_rows("normal@1", (4, 30), dtype, rng)
+    ov = torch.full((4, 33), 7.0, dtype=x.dtype) if with_values else None
+    oi = torch.full((4, 33), -7777, dtype=torch.int64)
+    result = torch.ops.attnkit.topk_out(x, 33, True, "value", None, None, None, -1, None,
+                                        "largest", "lowest_index", None, ov, oi)
+    assert result is None
+    want = topk_reference(to_numpy(x), 33, sorted="value")
+    if with_values:
+        assert_same_result((to_numpy(ov), oi.numpy()), want, describe(dtype=dtype))
+    else:
+        assert np.array_equal(oi.numpy(), want[1])
+
+
+def _opcheck_samples():
+    rng = rng_for("opcheck")
+    x32 = torch_rows("normal@1", (4, 50), "float32", rng)
+    xbf = torch_rows("ties4", (3, 40), "bfloat16", rng)
+    x16 = torch_rows("normal@1", (60,), "float16", rng)
+    begin = torch.tensor([0, 5, 10], dtype=torch.int32)
+    end = torch.tensor([40, 30, 10], dtype=torch.int64)
+    return {
+        "float32_defaults": ((x32, 5), {}),
+        "float32_requires_grad": ((x32.clone().requires_grad_(True), 5), {}),
+        "bfloat16_ranges_padding": ((xbf, 45, True, "value", begin, end, torch.int32), {}),
+        "float16_1d_smallest_no_values": ((x16, 8, False, "index", None, None, None, False), {}),
+        "float32_non_contiguous": ((x32[:, 2:], 6), {"sorted": "value", "nan": "ignore"}),
+    }
+
+
+OPCHECK_SAMPLES = _opcheck_samples()
+
+
+@pytest.mark.parametrize("name", list(OPCHECK_SAMPLES))
+def test_opcheck_topk(name):
+    args, kwargs = OPCHECK_SAMPLES[name]
+    torch.library.opcheck(torch.ops.attnkit.topk.default, args, kwargs)
+
+
+@pytest.mark.parametrize("with_values", (True, False), ids=lambda b: f"with_values={b}")
+def test_opcheck_topk_out(with_values):
+    x = torch_rows("normal@1", (4, 50), "bfloat16", rng_for("opcheck_out", with_values))
+    ov = torch.empty((4, 9), dtype=x.dtype) if with_values else None
+    oi = torch.empty((4, 9), dtype=torch.int32)
+    args = (x, 9, True, "value", None, torch.tensor([50, 3, 0, 20]), None, -1, None, "largest",
+            "lowest_index", None, ov, oi)
+    torch.library.opcheck(torch.ops.attnkit.topk_out.default, args)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile(fullgraph=True)
+# ---------------------------------------------------------------------------------------------
+
+
+def _scores_then_topk(q, keys, end):
+    scores = (q @ keys.t()).to(torch.bfloat16)
+    values, indices = attnkit.topk(scores, 16, sorted="value", end=end)
+    return values.float() * 2, indices + 1
+
+
+def test_compile_fullgraph_matches_eager():
+    rng = rng_for("compile")
+    q = torch.tensor(rng.standard_normal((6, 32)), dtype=torch.float32)
+    keys = torch.tensor(rng.standard_normal((300, 32)), dtype=torch.float32)
+    end = torch.tensor([1, 50, 100, 150, 299, 300], dtype=torch.int64)
+    eager = _scores_then_topk(q, keys, end)
+    compiled = torch.compile(_scores_then_topk, fullgraph=True, backend="inductor")(q, keys, end)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def _topk_into_buffers(x, out_values, out_indices):
+    attnkit.topk(x, 12, largest=False, sorted="index", out_values=out_values,
+                 out_indices=out_indices)
+    return out_indices.sum()
+
+
+def test_compile_fullgraph_out_buffers():
+    x = torch_rows("ties4", (5, 100), "float16", rng_for("compile_out"))
+    ov_e, oi_e = torch.empty(5, 12, dtype=x.dtype), torch.empty(5, 12, dtype=torch.int64)
+    ov_c, oi_c = torch.zeros_like(ov_e), torch.zeros_like(oi_e)
+    eager = _topk_into_buffers(x, ov_e, oi_e)
+    compiled = torch.compile(_topk_into_buffers, fullgraph=True, backend="inductor")(x, ov_c,
+                                                                                    oi_c)
+    assert torch.equal(eager, compiled)
+    assert torch.equal(tensor_bits(ov_e), tensor_bits(ov_c)) and torch.equal(oi_e, oi_c)
+
+
+@pytest.mark.parametrize("offset", [False, True])
+def test_autograd_values_route_gradient_to_selected_elements(offset):
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 300, generator=gen, requires_grad=True)
+    off = torch.tensor([0, 5, -7, 100]) if offset else None
+    end = torch.tensor([300, 2, 300, 150])  # row 1 pads: its padding carries no gradient
+    weights = torch.randn(4, 8, generator=gen)
+    values, indices = attnkit.topk(x, 8, end=end, index_offset=off, sorted="value")
+    (values.nan_to_num(neginf=0.0) * weights).sum().backward()
+    expected = torch.zeros_like(x)
+    cols = indices - (off[:, None] if offset else 0)
+    for b in range(4):
+        for j in range(8):
+            if indices[b, j] != -1:
+                expected[b, cols[b, j]] += weights[b, j]
+    assert torch.equal(x.grad, expected)

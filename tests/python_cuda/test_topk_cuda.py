@@ -1,0 +1,174 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnkit.topk on torch CUDA tensors: results against the CPU backend and torch.topk, torch's
+current stream, torch.compile(fullgraph=True), CUDA graph capture and replay, errors.
+
+Needs a CUDA GPU; scripts/gpu-check.sh runs this directory (the CPU suite is tests/python)."""
+
+import numpy as np
+import pytest
+import torch
+
+import attnkit
+import attnkit.torch  # noqa: F401  (registers torch.ops.attnkit)
+
+DEV = "cuda"
+
+
+def bits(t):
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def cpu_expected(x, k, **kw):
+    v, i = attnkit.topk(x.cpu(), k, **kw)
+    return v, i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,k", [((1, 131072), 512), ((7, 129280), 50), ((300, 8192), 2048),
+                                     ((3, 1000), 1), ((2, 70000), 4096), ((2, 9000), 5000),
+                                     ((5, 10), 20)])
+@pytest.mark.parametrize("sorted_", ["none", "index", "value"])
+def test_matches_cpu_backend(dtype, shape, k, sorted_):
+    gen = torch.Generator(device=DEV).manual_seed(hash((str(dtype), shape, k, sorted_)) % 2**31)
+    x = torch.randn(*shape, device=DEV, generator=gen).to(dtype)
+    v, i = attnkit.topk(x, k, sorted=sorted_)
+    ev, ei = cpu_expected(x, k, sorted=sorted_)
+    assert v.device.type == "cuda" and i.device.type == "cuda"
+    assert torch.equal(i.cpu(), ei), f"indices differ for {dtype} {shape} k={k} {sorted_}"
+    assert torch.equal(bits(v.cpu()), bits(ev))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,n,k", [(1, 129280, 50), (64, 129280, 1024), (16, 131072, 2048), (256, 4096, 512)])
+def test_values_equal_torch_topk_sorted(dtype, b, n, k):
+    gen = torch.Generator(device=DEV).manual_seed(b * n + k)
+    x = torch.randn(b, n, device=DEV, generator=gen).to(dtype)
+    v, i = attnkit.topk(x, k, sorted=True)
+    tv = torch.topk(x, k, dim=1, sorted=True).values
+    assert torch.equal(bits(v), bits(tv))
+    # Index sets equal the stable-sort reference (lowest index first among ties).
+    ref = torch.sort(x.float(), dim=1, descending=True, stable=True).indices[:, :k]
+    assert torch.equal(i, ref)
+
+
+def test_ragged_end_begin_offset_int32():
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    b, n, k = 64, 20000, 700
+    x = torch.randn(b, n, device=DEV, generator=gen).to(torch.bfloat16)
+    end = torch.randint(0, n + 1, (b,), device=DEV, generator=gen, dtype=torch.int32)
+    begin = (end * torch.rand(b, device=DEV, generator=gen)).to(torch.int64)
+    off = torch.randint(-1000, 1000, (b,), device=DEV, generator=gen, dtype=torch.int32)
+    v, i = attnkit.topk(x, k, begin=begin, end=end, index_offset=off, indices_dtype=torch.int32,
+                        sorted="index")
+    ev, ei = attnkit.topk(x.cpu(), k, begin=begin.cpu(), end=end.cpu(), index_offset=off.cpu(),
+                          indices_dtype=torch.int32, sorted="index")
+    assert torch.equal(i.cpu(), ei)
+    assert torch.equal(bits(v.cpu()), bits(ev))
+
+
+def test_nan_policies():
+    x = torch.randn(4, 5000, device=DEV)
+    x[1, 17] = float("nan")
+    x[2, 100] = -float("nan")
+    for nan in ("largest", "ignore"):
+        v, i = attnkit.topk(x, 10, nan=nan, sorted="value")
+        ev, ei = attnkit.topk(x.cpu(), 10, nan=nan, sorted="value")
+        assert torch.equal(i.cpu(), ei)
+        assert torch.equal(bits(v.cpu()), bits(ev))
+    with pytest.raises(ValueError, match="NaN"):
+        attnkit.topk(x, 10, nan="raise")
+    end = torch.tensor([5000, 10, 50, 5000], device=DEV, dtype=torch.int32)
+    attnkit.topk(x, 10, nan="raise", end=end)  # both NaNs lie outside their rows' ranges
+    torch.cuda.synchronize()
+
+
+def test_runs_on_current_stream():
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = torch.randn(8, 100000, device=DEV)
+        x.mul_(2).add_(1)  # pending work on s
+        v, i = attnkit.topk(x, 100, sorted=True)
+        tv = torch.topk(x, 100, sorted=True).values
+    s.synchronize()
+    assert torch.equal(v, tv)
+
+
+def test_caller_buffers_zero_copy_and_strided():
+    x = torch.randn(16, 40000, device=DEV).to(torch.bfloat16)
+    base_i = torch.full((16, 300), -7, dtype=torch.int64, device=DEV)
+    base_v = torch.zeros((16, 300), dtype=torch.bfloat16, device=DEV)
+    out_i, out_v = base_i[:, :256], base_v[:, :256]  # row stride 300 > k
+    v, i = attnkit.topk(x, 256, out_indices=out_i, out_values=out_v)
+    assert i.data_ptr() == out_i.data_ptr() and v.data_ptr() == out_v.data_ptr()
+    ev, ei = attnkit.topk(x.cpu(), 256)
+    assert torch.equal(out_i.cpu(), ei)
+    assert (base_i[:, 256:] == -7).all()
+
+
+def test_unaligned_and_strided_input():
+    wide = torch.randn(32, 50007, device=DEV).to(torch.bfloat16)
+    x = wide[:, 3:40003]  # unaligned start, row stride 50007
+    v, i = attnkit.topk(x, 1000)
+    ev, ei = attnkit.topk(x.cpu(), 1000)
+    assert torch.equal(i.cpu(), ei)
+
+
+def test_return_values_false():
+    x = torch.randn(4, 10000, device=DEV)
+    v, i = attnkit.topk(x, 10, return_values=False)
+    assert v is None and i.shape == (4, 10)
+
+
+def test_compile_fullgraph():
+    def f(x):
+        v, i = attnkit.topk(x, 64, sorted=True)
+        return v * 2, i
+
+    x = torch.randn(8, 30000, device=DEV)
+    compiled = torch.compile(f, fullgraph=True)
+    cv, ci = compiled(x)
+    ev, ei = f(x)
+    assert torch.equal(cv, ev) and torch.equal(ci, ei)
+
+
+def test_cuda_graph_capture_and_replay():
+    static_x = torch.randn(32, 65536, device=DEV).to(torch.bfloat16)
+    out_i = torch.empty(32, 512, dtype=torch.int32, device=DEV)
+    out_v = torch.empty(32, 512, dtype=torch.bfloat16, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        attnkit.topk(static_x, 512, out_indices=out_i, out_values=out_v)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        attnkit.topk(static_x, 512, out_indices=out_i, out_values=out_v)
+    for seed in range(3):
+        static_x.copy_(torch.randn(32, 65536, device=DEV, generator=torch.Generator(device=DEV).manual_seed(seed)))
+        g.replay()
+        torch.cuda.synchronize()
+        ev, ei = attnkit.topk(static_x.cpu(), 512, indices_dtype=torch.int32)
+        assert torch.equal(out_i.cpu(), ei)
+        assert torch.equal(bits(out_v.cpu()), bits(ev))
+
+
+def test_torch_ops_opcheck():
+    x = torch.randn(4, 3000, device=DEV)
+    torch.library.opcheck(torch.ops.attnkit.topk.default, (x, 16))
+
+
+def test_check_true_validates_device_values():
+    x = torch.randn(2, 100, device=DEV)
+    with pytest.raises(ValueError, match=r"end\[1\] = 101"):
+        attnkit.topk(x, 5, end=torch.tensor([100, 101], device=DEV), check=True)
+    # Unchecked: clamped, no fault.
+    v, i = attnkit.topk(x, 5, end=torch.tensor([100, 101], device=DEV))
+    torch.cuda.synchronize()
+    assert i.shape == (2, 5)
+
+
+def test_numpy_interop_roundtrip_matches():
+    x = np.random.default_rng(0).standard_normal((3, 5000)).astype(np.float32)
+    v, i = attnkit.topk(torch.from_numpy(x).to(DEV), 7, sorted=True)
+    nv, ni = attnkit.topk(x, 7, sorted=True)
+    assert np.array_equal(i.cpu().numpy(), ni)
