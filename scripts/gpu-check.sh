@@ -93,6 +93,9 @@ quick=()
 step "benchmark" "$OUT/bench.log" python3 bench/bench_topk.py "${quick[@]}" \
   --json "$OUT/bench_topk.json" --markdown "$OUT/bench_topk.md"
 tail -3 "$OUT/bench.log" >> "$SUMMARY"
+if [ "$MODE" = full ]; then
+  step "attnkit demo (GPU)" "$OUT/bench.log" attnkit demo --quick --no-progress --json "$OUT/demo.json"
+fi
 
 cat "$SUMMARY"
 exit $status

@@ -1,9 +1,257 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``attnkit`` command line."""
+"""The ``attnkit`` command line.
 
+``attnkit demo``  runs the seed top-k workloads, checked against the reference backend and
+                  timed beside the usual baselines (CPU, or the GPU when one is usable).
+``attnkit topk``  runs top-k on a .npy file and writes values and indices to a .npz file.
+``attnkit info``  prints the build information.
+
+Exit codes: 0 success, 1 a demo result that does not match the reference, 2 a usage or input
+error (reported in one line, without a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
 import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
 
 
-def main(argv=None) -> int:
-    print("attnkit: command line not implemented yet", file=sys.stderr)
-    return 2
+class InputError(Exception):
+    """A bad file or argument value: reported in one line, exit code 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# attnkit topk
+# ---------------------------------------------------------------------------------------------
+
+_X_DTYPES = ("float32", "float16", "bfloat16")
+_ROW_DTYPES = ("int32", "int64")
+
+
+def _either(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int]):
+    """The array in `path`, in native byte order, or InputError saying what is wrong."""
+    import ml_dtypes
+    import numpy as np
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{what} {path}: no such file")
+    if p.is_dir():
+        raise InputError(f"{what} {path}: is a directory, not a .npy file")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise InputError(f"{what} {path}: cannot read: {e.strerror or _one_line(e)}") from None
+    if magic != b"\x93NUMPY":
+        hint = " (it is a zip archive such as .npz; pass a .npy file)" if magic[:2] == b"PK" else ""
+        raise InputError(f"{what} {path}: not a .npy file{hint}")
+    try:
+        a = np.load(p, allow_pickle=False)
+    except Exception as e:  # numpy raises ValueError, OSError or EOFError for broken headers
+        raise InputError(f"{what} {path}: unreadable .npy file: {_one_line(e)}") from None
+
+    dt = a.dtype
+    # NumPy stores ml_dtypes.bfloat16 as a plain 2-byte void ('<V2'): read it back as bfloat16.
+    if dt.kind == "V" and dt.itemsize == 2 and dt.fields is None and dt.subdtype is None:
+        a = a.view(ml_dtypes.bfloat16)
+        name = "bfloat16"
+    elif dt.kind in "fiu" and dt.byteorder not in ("=", "|"):
+        a = a.astype(dt.newbyteorder("="))
+        name = a.dtype.name
+    else:
+        name = "bfloat16" if dt == np.dtype(ml_dtypes.bfloat16) else dt.name
+    if name not in allowed:
+        raise InputError(f"{what} {path}: dtype {name} is not supported; expected "
+                         f"{_either(allowed)}")
+    if a.ndim not in ranks:
+        want = _either([f"{r}-D" for r in ranks])
+        raise InputError(f"{what} {path}: shape {list(a.shape)} has {a.ndim} dimensions; "
+                         f"expected {want}")
+    return np.ascontiguousarray(a)
+
+
+def cmd_topk(args) -> int:
+    import numpy as np
+
+    from . import set_num_threads
+    from .topk import topk
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InputError(f"--threads {args.threads}: must be >= 1")
+        set_num_threads(args.threads)
+    if args.k < 0:
+        raise InputError(f"-k {args.k}: must be >= 0")
+    x = load_npy(args.input, "--input", _X_DTYPES, (1, 2))
+    rows = {}
+    for opt in ("begin", "end", "index_offset"):
+        path = getattr(args, opt)
+        if path is not None:
+            rows[opt] = load_npy(path, "--" + opt.replace("_", "-"), _ROW_DTYPES, (1,))
+
+    start = time.perf_counter()
+    try:
+        values, indices = topk(
+            x, args.k, largest=args.largest, sorted=args.sorted, indices_dtype=args.indices_dtype,
+            return_values=not args.no_values, index_fill=args.index_fill,
+            value_fill=args.value_fill, nan=args.nan, ties=args.ties, **rows)
+    except (ValueError, TypeError) as e:
+        raise InputError(_one_line(e)) from None
+    elapsed = time.perf_counter() - start
+
+    arrays = {"indices": indices}
+    if values is not None:
+        arrays["values"] = values
+    out = Path(args.output)
+    try:
+        # Through a file object, so that the name is kept as given (np.savez appends ".npz").
+        with open(out, "wb") as f:
+            np.savez(f, **arrays)
+    except OSError as e:
+        why = e.strerror or _one_line(e)
+        raise InputError(f"--output {args.output}: cannot write: {why}") from None
+
+    parts = [f"{name} {a.dtype.name} {list(a.shape)}"
+             for name, a in sorted(arrays.items(), reverse=True)]
+    print(f"{args.output}: {', '.join(parts)} (top-{args.k} of {list(x.shape)} in "
+          f"{elapsed * 1e3:.2f} ms)")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# attnkit info / demo
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_info(args) -> int:
+    from . import info
+
+    print(info(), end="")
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    from . import _demo
+
+    try:
+        return _demo.run(args)
+    except _demo.DemoUsageError as e:
+        raise InputError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnkit",
+        description="attnkit: top-k and related kernels for sparse and linear attention.",
+        epilog="Exit codes: 0 success, 1 a demo check failed, 2 usage or input error.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo", help="run the seed top-k workloads, check them and time them",
+        description="Runs the DSA indexer and sampling top-k workloads on the CPU (or on the "
+                    "GPU when attnkit was built with CUDA and torch sees a GPU), checks every "
+                    "result against the reference backend and prints a table of times and "
+                    "speed-ups over std::nth_element, std::partial_sort and "
+                    "numpy.argpartition (on the GPU: torch.topk).")
+    demo.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
+    demo.add_argument("--cases", metavar="LIST",
+                      help="comma-separated case names or shell patterns (see --list)")
+    demo.add_argument("--list", action="store_true", help="list the cases and exit")
+    demo.add_argument("--json", metavar="PATH", help="write every number and the machine to PATH")
+    demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                      help="where to run (default: the GPU when usable, else the CPU)")
+    demo.add_argument("--repeats", type=int, metavar="N",
+                      help="timed runs per method, the median is reported (default 7; 5 with "
+                           "--quick)")
+    demo.add_argument("--warmup", type=int, default=1, metavar="N",
+                      help="untimed runs before timing (default 1)")
+    demo.add_argument("--threads", type=int, metavar="N",
+                      help="CPU threads for attnkit and every baseline (default: "
+                           "ATTNKIT_NUM_THREADS or all hardware threads)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.set_defaults(func=cmd_demo)
+
+    tk = sub.add_parser(
+        "topk", help="top-k of the rows of a .npy file, written to a .npz file",
+        description="Selects the k best elements of each row of a [B, N] or [N] array stored "
+                    "in a .npy file (float32, float16, or bfloat16 saved with ml_dtypes) and "
+                    "writes 'values' and 'indices' to a .npz file. bfloat16 values are stored "
+                    "as NumPy stores ml_dtypes.bfloat16, a 2-byte void dtype; read them with "
+                    ".view(ml_dtypes.bfloat16).")
+    tk.add_argument("--input", "-i", required=True, metavar="X.npy", help="the scores x")
+    tk.add_argument("-k", "--k", type=int, required=True, help="elements per row (>= 0)")
+    side = tk.add_mutually_exclusive_group()
+    side.add_argument("--largest", dest="largest", action="store_true", default=True,
+                      help="select the largest values (default)")
+    side.add_argument("--smallest", dest="largest", action="store_false",
+                      help="select the smallest values")
+    tk.add_argument("--sorted", choices=("none", "index", "value"), default="none",
+                    help="order of each output row (default none)")
+    tk.add_argument("--begin", metavar="BEGIN.npy", help="[B] int32/int64 first valid column")
+    tk.add_argument("--end", metavar="END.npy", help="[B] int32/int64 end of the valid columns")
+    tk.add_argument("--index-offset", metavar="OFFSET.npy",
+                    help="[B] int32/int64 added to the indices of each row")
+    tk.add_argument("--indices-dtype", choices=_ROW_DTYPES, default="int64",
+                    help="dtype of the indices (default int64)")
+    tk.add_argument("--nan", choices=("largest", "ignore", "raise"), default="largest",
+                    help="NaN handling (default largest: NaN ranks above +inf)")
+    tk.add_argument("--ties", choices=("lowest_index", "any"), default="lowest_index",
+                    help="which of the elements equal to the k-th are kept")
+    tk.add_argument("--index-fill", type=int, default=-1,
+                    help="index of padding slots when a row has fewer than k elements")
+    tk.add_argument("--value-fill", type=float, default=None,
+                    help="value of padding slots (default -inf, or +inf with --smallest)")
+    tk.add_argument("--no-values", action="store_true", help="write only the indices")
+    tk.add_argument("--threads", type=int, metavar="N", help="CPU threads")
+    tk.add_argument("--output", "-o", required=True, metavar="OUT.npz",
+                    help="where to write 'values' and 'indices'")
+    tk.set_defaults(func=cmd_topk)
+
+    info = sub.add_parser("info", help="print the build information",
+                          description="Prints attnkit's version, compiler, CPU threads and "
+                                      "CUDA targets and devices.")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits with code 2 on a usage error
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except InputError as e:
+        print(f"attnkit {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"attnkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

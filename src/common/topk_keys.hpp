@@ -86,7 +86,10 @@ ATTNKIT_HD std::uint32_t prefilter_bound_bits(std::uint32_t threshold, ScorePara
   const std::uint32_t neg_inf = Traits::kSign | Traits::kInf, pos_inf = Traits::kInf;
   if (threshold == kExcludedScore) return largest ? neg_inf : pos_inf;  // everything may pass
   const std::uint32_t asc = threshold ^ p.flip;
-  if (asc > Traits::kSign + Traits::kInf) return largest ? pos_inf : neg_inf;  // only NaN beats it
+  // The threshold is NaN's score. Largest: nothing beats it (the bound lets only +inf and NaN
+  // through, which the exact test then refuses); smallest: NaN is the worst choice and every
+  // number beats it, which `!(x > +inf)` lets through.
+  if (asc > Traits::kSign + Traits::kInf) return pos_inf;
   // asc = SIGN + mag for x >= 0, SIGN - mag for x < 0 (see score_of).
   return asc >= Traits::kSign ? asc - Traits::kSign : (Traits::kSign | (Traits::kSign - asc));
 }

@@ -41,7 +41,10 @@ ThreadPool::~ThreadPool() { stop(); }
 void ThreadPool::start(int num_threads) {
   stopping_ = false;
   size_.store(num_threads, std::memory_order_relaxed);
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  // The generation is read here, before any job can be published, so that a worker whose
+  // thread starts late still joins the first job instead of taking its generation as seen.
+  const std::uint64_t seen = generation_.load(std::memory_order_acquire);
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, seen] { worker_loop(seen); });
 }
 
 void ThreadPool::stop() {
@@ -82,8 +85,7 @@ void ThreadPool::run_tasks(Job& job) {
   t_inside_task = was_inside;
 }
 
-void ThreadPool::worker_loop() {
-  std::uint64_t seen = generation_.load(std::memory_order_acquire);
+void ThreadPool::worker_loop(std::uint64_t seen) {
   for (;;) {
     const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
     while (generation_.load(std::memory_order_acquire) == seen &&

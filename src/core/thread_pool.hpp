@@ -48,7 +48,7 @@ class ThreadPool {
 
   void start(int num_threads);
   void stop();
-  void worker_loop();
+  void worker_loop(std::uint64_t seen);
   static void run_tasks(Job& job);
 
   std::atomic<int> size_{1};

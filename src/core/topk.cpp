@@ -96,7 +96,9 @@ void topk(void* workspace, std::size_t& workspace_bytes, const TopkTensors& tens
                                        " bytes this call needs");
   }
   if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
-    throw Error(ErrorCode::kValue, "topk: workspace must be aligned to 256 bytes");
+    throw Error(ErrorCode::kValue,
+                "topk: workspace = " + std::to_string(reinterpret_cast<std::uintptr_t>(workspace)) +
+                    " is not aligned to 256 bytes");
   }
   run(p, workspace, workspace_bytes, stream);
 }

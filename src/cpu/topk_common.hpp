@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/topk_index.hpp"
 #include "core/topk_problem.hpp"
 
 namespace attnkit::detail::cpu {
@@ -38,16 +39,13 @@ void write_row(const TopkProblem& p, std::int64_t b, const std::uint32_t* cols,
   }
   if (p.indices_int64) {
     auto* out = static_cast<std::int64_t*>(p.indices) + b * p.indices_row_stride;
-    for (std::int64_t j = 0; j < count; ++j) out[j] = static_cast<std::int64_t>(cols[j]) + offset;
+    for (std::int64_t j = 0; j < count; ++j) out[j] = offset_index64(cols[j], offset);
     for (std::int64_t j = count; j < p.k; ++j) out[j] = p.index_fill;
   } else {
     auto* out = static_cast<std::int32_t*>(p.indices) + b * p.indices_row_stride;
     // Wraps modulo 2^32 when an unchecked offset pushes an index out of int32 (checked calls
     // were refused before this point).
-    for (std::int64_t j = 0; j < count; ++j) {
-      out[j] = static_cast<std::int32_t>(
-          static_cast<std::uint32_t>(static_cast<std::int64_t>(cols[j]) + offset));
-    }
+    for (std::int64_t j = 0; j < count; ++j) out[j] = offset_index32(cols[j], offset);
     for (std::int64_t j = count; j < p.k; ++j) out[j] = static_cast<std::int32_t>(p.index_fill);
   }
 }

@@ -1,2 +1,371 @@
 // SPDX-License-Identifier: Apache-2.0
+// Floating-point specials in the CPU top-k: the three NaN policies, +-inf as ordinary values,
+// -0.0 == +0.0 (ties by index; the returned value keeps its sign bit), denormals compared as
+// numbers (never flushed), and NaN payloads returned bit for bit. Each test runs generated
+// inputs through the reference comparison and then asserts the property it is about directly
+// on the output, so a failure names the property rather than only a mismatching slot.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "topk_test_util.hpp"
+
+namespace {
+
+using namespace attnkit_test;
+
+/// Short rows and rows long enough for the vectorised filter and the sampled threshold.
+const std::int64_t kSizes[] = {1, 3, under_pow2(7), under_pow2(11), 20000, 70000};
+
+std::vector<std::int64_t> ks_for(std::int64_t n) {
+  std::vector<std::int64_t> ks = {1, std::max<std::int64_t>(n / 20, 2), n + 3};
+  return ks;
+}
+
+/// The selected (index, value bits) pairs of row b, padding excluded; indices are columns
+/// (cases here carry no index_offset).
+struct Selection {
+  std::vector<std::int64_t> cols;
+  std::vector<std::uint32_t> bits;
+};
+
+Selection selection(const TopkCase& c, const TopkOutputs& out, std::int64_t b) {
+  Selection s;
+  for (std::int64_t j = 0; j < c.k; ++j) {
+    const std::int64_t i = kGuard + b * out.stride + j;
+    const std::int64_t col = out.indices.get_int(i);
+    if (col == c.index_fill) break;  // padding, always last
+    s.cols.push_back(col);
+    s.bits.push_back(static_cast<std::uint32_t>(out.values.get(i)));
+  }
+  return s;
+}
+
+/// Runs the case through the full reference comparison, then hands the fast path's outputs to
+/// `property` for the direct check.
+template <class Property>
+void check_with_property(CaseChecker& check, const TopkCase& c, Property&& property) {
+  check(c);
+  SCOPED_TRACE(c.describe());
+  TopkInputs in = make_inputs(c);
+  TopkOutputs out = make_outputs(c);
+  const CallResult r = call_topk(c, in, out, TopkBackend::kAuto);
+  if (r.threw) return;  // the reference comparison has judged the error already
+  property(in, out);
+}
+
+TEST(TopkFpSpecials, NanLargestRanksAboveInfinity) {
+  CaseChecker check;
+  std::uint64_t seed = 1;
+  for (DType dtype : kFloatDTypes) {
+    for (Dist dist : {Dist::kWithNan, Dist::kMostlyNan, Dist::kRawBits}) {
+      for (std::int64_t n : kSizes) {
+        for (std::int64_t k : ks_for(n)) {
+          for (bool largest : {true, false}) {
+            TopkCase c;
+            c.dtype = dtype;
+            c.dist = dist;
+            c.seed = seed++;
+            c.batch = 2;
+            c.n = n;
+            c.k = k;
+            c.largest = largest;
+            c.sorted = TopkOrder::kValue;
+            c.nan = NanPolicy::kLargest;
+            check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+              for (std::int64_t b = 0; b < c.batch; ++b) {
+                std::int64_t nans = 0;
+                for (std::int64_t col = 0; col < n; ++col) nans += is_nan(dtype, in.bits(b, col));
+                const Selection s = selection(c, out, b);
+                ASSERT_EQ(static_cast<std::int64_t>(s.cols.size()), std::min(k, n)) << "row " << b;
+                // Largest: the NaNs come first. Smallest: NaN is the last choice, after +inf.
+                const std::int64_t want =
+                    largest ? std::min(k, nans)
+                            : std::max<std::int64_t>(0, std::min(k, n) - (n - nans));
+                std::int64_t got = 0;
+                for (std::uint32_t bits : s.bits) got += is_nan(dtype, bits);
+                EXPECT_EQ(got, want) << "row " << b << ": NaNs selected";
+                const std::size_t first_nan =
+                    largest ? 0 : static_cast<std::size_t>(std::min(k, n) - want);
+                for (std::size_t j = first_nan; j < first_nan + static_cast<std::size_t>(want);
+                     ++j) {
+                  EXPECT_TRUE(is_nan(dtype, s.bits[j])) << "row " << b << " slot " << j;
+                }
+              }
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(TopkFpSpecials, NanIgnoreNeverSelectsNan) {
+  CaseChecker check;
+  std::uint64_t seed = 1000;
+  for (DType dtype : kFloatDTypes) {
+    for (Dist dist : {Dist::kWithNan, Dist::kMostlyNan, Dist::kRawBits}) {
+      for (std::int64_t n : kSizes) {
+        for (std::int64_t k : ks_for(n)) {
+          for (bool largest : {true, false}) {
+            TopkCase c;
+            c.dtype = dtype;
+            c.dist = dist;
+            c.seed = seed++;
+            c.batch = 2;
+            c.n = n;
+            c.k = k;
+            c.largest = largest;
+            c.sorted = kAllOrders[seed % 3];
+            c.nan = NanPolicy::kIgnore;
+            check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+              for (std::int64_t b = 0; b < c.batch; ++b) {
+                std::int64_t numbers = 0;
+                for (std::int64_t col = 0; col < n; ++col)
+                  numbers += !is_nan(dtype, in.bits(b, col));
+                const Selection s = selection(c, out, b);
+                // The row pads instead of taking a NaN.
+                EXPECT_EQ(static_cast<std::int64_t>(s.cols.size()), std::min(k, numbers))
+                    << "row " << b;
+                for (std::size_t j = 0; j < s.bits.size(); ++j) {
+                  EXPECT_FALSE(is_nan(dtype, s.bits[j])) << "row " << b << " slot " << j;
+                }
+              }
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
+/// nan = raise: refused when a valid range holds a NaN, the NaN-free answer otherwise (the
+/// reference decides which per case: generated ranges include and exclude the planted NaNs).
+TEST(TopkFpSpecials, NanRaise) {
+  CaseChecker check;
+  std::uint64_t seed = 2000;
+  int raised = 0, passed = 0;
+  for (DType dtype : kFloatDTypes) {
+    for (Dist dist : {Dist::kWithNan, Dist::kMostlyNan, Dist::kNormal, Dist::kWithInf}) {
+      for (std::int64_t n :
+           {std::int64_t{1}, std::int64_t{3}, under_pow2(7), std::int64_t{20000}}) {
+        for (Ranges ranges : {Ranges::kNone, Ranges::kBoth}) {
+          TopkCase c;
+          c.dtype = dtype;
+          c.dist = dist;
+          c.seed = seed++;
+          c.batch = 3;
+          c.n = n;
+          c.k = std::max<std::int64_t>(1, n / 4);
+          c.ranges = ranges;
+          c.nan = NanPolicy::kRaise;
+          check(c);
+          TopkInputs in = make_inputs(c);
+          (reference_topk(c, in).error ? raised : passed) += 1;
+        }
+      }
+    }
+  }
+  // Both outcomes must have been exercised, or the sweep proves half of the rule.
+  EXPECT_GT(raised, 5);
+  EXPECT_GT(passed, 5);
+}
+
+TEST(TopkFpSpecials, InfinitiesAreOrdinaryValues) {
+  CaseChecker check;
+  std::uint64_t seed = 3000;
+  for (DType dtype : kFloatDTypes) {
+    for (std::int64_t n : kSizes) {
+      for (std::int64_t k : ks_for(n)) {
+        for (bool largest : {true, false}) {
+          TopkCase c;
+          c.dtype = dtype;
+          c.dist = Dist::kWithInf;
+          c.seed = seed++;
+          c.batch = 2;
+          c.n = n;
+          c.k = k;
+          c.largest = largest;
+          c.sorted = TopkOrder::kValue;
+          check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+            const std::uint32_t best = inf_bits(dtype, !largest);
+            for (std::int64_t b = 0; b < c.batch; ++b) {
+              std::int64_t infs = 0;
+              for (std::int64_t col = 0; col < n; ++col) infs += in.bits(b, col) == best;
+              const Selection s = selection(c, out, b);
+              // The infinity on the preferred side fills the first slots, lowest column first.
+              const std::int64_t lead = std::min(k, infs);
+              for (std::int64_t j = 0; j < lead; ++j) {
+                const auto ji = static_cast<std::size_t>(j);
+                EXPECT_EQ(s.bits[ji], best) << "row " << b << " slot " << j;
+                if (j > 0) {
+                  EXPECT_LT(s.cols[ji - 1], s.cols[ji]) << "row " << b << " slot " << j;
+                }
+              }
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(TopkFpSpecials, SignedZerosAreEqualAndKeepTheirSign) {
+  CaseChecker check;
+  std::uint64_t seed = 4000;
+  for (DType dtype : kFloatDTypes) {
+    for (std::int64_t n : kSizes) {
+      for (std::int64_t k : ks_for(n)) {
+        for (bool largest : {true, false}) {
+          for (TopkOrder sorted : kAllOrders) {
+            TopkCase c;
+            c.dtype = dtype;
+            c.dist = Dist::kSignedZeros;
+            c.seed = seed++;
+            c.batch = 2;
+            c.n = n;
+            c.k = k;
+            c.largest = largest;
+            c.sorted = sorted;
+            check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+              for (std::int64_t b = 0; b < c.batch; ++b) {
+                const Selection s = selection(c, out, b);
+                std::vector<std::int64_t> zero_cols;
+                for (std::size_t j = 0; j < s.cols.size(); ++j) {
+                  // The value is the element's own bits: a -0.0 stays -0.0, a +0.0 stays +0.0.
+                  EXPECT_EQ(s.bits[j], in.bits(b, s.cols[j])) << "row " << b << " slot " << j;
+                  if (decode(dtype, s.bits[j]) == 0.0) zero_cols.push_back(s.cols[j]);
+                }
+                // Zeros of either sign tie: the selected ones are the lowest columns holding a
+                // zero, and by value order they come out in column order.
+                std::vector<std::int64_t> all_zero_cols;
+                for (std::int64_t col = 0; col < n; ++col) {
+                  if (decode(dtype, in.bits(b, col)) == 0.0) all_zero_cols.push_back(col);
+                }
+                all_zero_cols.resize(std::min(all_zero_cols.size(), zero_cols.size()));
+                std::vector<std::int64_t> sorted_zero_cols = zero_cols;
+                std::sort(sorted_zero_cols.begin(), sorted_zero_cols.end());
+                EXPECT_EQ(sorted_zero_cols, all_zero_cols) << "row " << b;
+                if (sorted != TopkOrder::kNone) {
+                  EXPECT_EQ(zero_cols, sorted_zero_cols) << "row " << b;
+                }
+              }
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(TopkFpSpecials, DenormalsAreComparedNotFlushed) {
+  CaseChecker check;
+  std::uint64_t seed = 5000;
+  for (DType dtype : kFloatDTypes) {
+    for (std::int64_t n : kSizes) {
+      for (std::int64_t k : ks_for(n)) {
+        for (bool largest : {true, false}) {
+          TopkCase c;
+          c.dtype = dtype;
+          c.dist = Dist::kDenormals;
+          c.seed = seed++;
+          c.batch = 2;
+          c.n = n;
+          c.k = k;
+          c.largest = largest;
+          c.sorted = TopkOrder::kValue;
+          check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+            for (std::int64_t b = 0; b < c.batch; ++b) {
+              // The first slot holds the row's extreme as a real number: a flushed subnormal
+              // would tie with zero and lose to the lowest column instead.
+              double extreme = decode(dtype, in.bits(b, 0));
+              for (std::int64_t col = 1; col < n; ++col) {
+                const double v = decode(dtype, in.bits(b, col));
+                extreme = largest ? std::max(extreme, v) : std::min(extreme, v);
+              }
+              const Selection s = selection(c, out, b);
+              ASSERT_FALSE(s.bits.empty()) << "row " << b;
+              EXPECT_EQ(decode(dtype, s.bits[0]), extreme) << "row " << b;
+              // The rest follow in value order.
+              for (std::size_t j = 1; j < s.bits.size(); ++j) {
+                const double prev = decode(dtype, s.bits[j - 1]), cur = decode(dtype, s.bits[j]);
+                EXPECT_TRUE(largest ? prev >= cur : prev <= cur) << "row " << b << " slot " << j;
+              }
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+/// With k >= N every element comes back, so the returned value bits must be the row's bits
+/// as a multiset: every NaN payload, sign and signalling bit intact.
+TEST(TopkFpSpecials, NanPayloadsReturnedBitExact) {
+  CaseChecker check;
+  std::uint64_t seed = 6000;
+  for (DType dtype : kFloatDTypes) {
+    for (std::int64_t n : {std::int64_t{3}, under_pow2(7), under_pow2(11), std::int64_t{20000}}) {
+      for (TopkOrder sorted : kAllOrders) {
+        for (bool largest : {true, false}) {
+          TopkCase c;
+          c.dtype = dtype;
+          c.dist = Dist::kWithNan;
+          c.seed = seed++;
+          c.batch = 2;
+          c.n = n;
+          c.k = n;
+          c.largest = largest;
+          c.sorted = sorted;
+          check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+            for (std::int64_t b = 0; b < c.batch; ++b) {
+              std::vector<std::uint32_t> row;
+              for (std::int64_t col = 0; col < n; ++col) row.push_back(in.bits(b, col));
+              std::vector<std::uint32_t> got = selection(c, out, b).bits;
+              std::sort(row.begin(), row.end());
+              std::sort(got.begin(), got.end());
+              EXPECT_EQ(got, row) << "row " << b;
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+/// Sweeps every special-valued distribution through every order, NaN policy and tie policy
+/// on both short and long rows.
+TEST(TopkFpSpecials, SpecialDistributionsEveryOption) {
+  CaseChecker check;
+  std::uint64_t seed = 7000;
+  for (DType dtype : kFloatDTypes) {
+    for (Dist dist : {Dist::kWithNan, Dist::kMostlyNan, Dist::kWithInf, Dist::kSignedZeros,
+                      Dist::kDenormals, Dist::kRawBits}) {
+      for (std::int64_t n : {std::int64_t{3}, under_pow2(9), std::int64_t{40000}}) {
+        for (TopkOrder sorted : kAllOrders) {
+          for (NanPolicy nan : kAllNanPolicies) {
+            for (TiePolicy ties : kAllTiePolicies) {
+              TopkCase c;
+              c.dtype = dtype;
+              c.dist = dist;
+              c.seed = seed++;
+              c.batch = 2;
+              c.n = n;
+              c.k = std::max<std::int64_t>(1, n / 8);
+              c.largest = seed % 2 == 0;
+              c.sorted = sorted;
+              c.nan = nan;
+              c.ties = ties;
+              c.ranges = seed % 3 == 0 ? Ranges::kBoth : Ranges::kNone;
+              check(c);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace

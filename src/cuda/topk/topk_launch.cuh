@@ -66,12 +66,15 @@ inline std::uint32_t next_pow2_host(std::uint32_t v) {
 
 /// Slack (newcomers gathered before a select) follows k, since a select costs O(k + slack)
 /// and comes every `slack` admissions; it shrinks only when shared memory runs out. A row
-/// (slice) of `len` elements that fits in the newcomer list whole is selected once, at the end.
+/// (slice) of `len` elements short enough that the filter would select about once anyway
+/// (len <= 2 (k + slack)) is kept whole and selected once, at the end; on longer rows the
+/// rising threshold saves far more than the extra selects cost.
 inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t max_smem,
                               std::int64_t len) {
   BufferPlan b;
   b.survivor_slots = next_pow2_host(k);
-  if (len <= 65535 - 2 * static_cast<std::int64_t>(b.survivor_slots)) {
+  const std::int64_t default_limit = k + std::max<std::uint32_t>(2 * k, 2048);
+  if (len <= 2 * default_limit && len <= 65535 - 2 * static_cast<std::int64_t>(b.survivor_slots)) {
     b.newcomer_slots = static_cast<std::uint32_t>(std::max<std::int64_t>(len, 1));
     b.limit = b.newcomer_slots + k + 1;  // never reached
     if (b.smem() <= max_smem) return b;

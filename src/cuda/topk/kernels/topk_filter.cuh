@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "common/topk_index.hpp"
 #include "common/topk_keys.hpp"
 #include "cuda/common/block_scan.cuh"
 #include "cuda/topk/block_select.cuh"
@@ -350,11 +351,10 @@ __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const C
     const std::uint32_t col = real ? c.col[j] : 0u;
     if (p.indices_int64) {
       static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? static_cast<std::int64_t>(col) + offset : p.index_fill;
+          real ? offset_index64(col, offset) : p.index_fill;
     } else {
       static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? static_cast<std::int32_t>(static_cast<std::uint32_t>(col + offset))
-               : static_cast<std::int32_t>(p.index_fill);
+          real ? offset_index32(col, offset) : static_cast<std::int32_t>(p.index_fill);
     }
     if (p.values != nullptr) {
       // Values are read back from x by column (a hit in L2, which just streamed the row), so

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "common/topk_index.hpp"
 #include "common/topk_keys.hpp"
 #include "cuda/common/block_scan.cuh"
 #include "cuda/topk/kernels/topk_filter.cuh"
@@ -89,10 +90,11 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const TopkKernelPa
                                   static_cast<std::uint32_t>(~static_cast<std::uint32_t>(c));
       } else {
         if (p.indices_int64) {
-          static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + pos] = c + offset;
+          static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + pos] =
+              offset_index64(static_cast<std::uint32_t>(c), offset);
         } else {
           static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + pos] =
-              static_cast<std::int32_t>(static_cast<std::uint32_t>(c + offset));
+              offset_index32(static_cast<std::uint32_t>(c), offset);
         }
         if (p.values != nullptr) static_cast<Bits*>(p.values)[b * p.values_row_stride + pos] = row[c];
       }
@@ -134,11 +136,10 @@ __global__ void __launch_bounds__(kThreads) topk_ranked_kernel(const TopkKernelP
     const std::uint32_t c = ~static_cast<std::uint32_t>(r);
     if (p.indices_int64) {
       static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? static_cast<std::int64_t>(c) + offset : p.index_fill;
+          real ? offset_index64(c, offset) : p.index_fill;
     } else {
       static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? static_cast<std::int32_t>(static_cast<std::uint32_t>(c + offset))
-               : static_cast<std::int32_t>(p.index_fill);
+          real ? offset_index32(c, offset) : static_cast<std::int32_t>(p.index_fill);
     }
     if (p.values != nullptr) {
       static_cast<Bits*>(p.values)[b * p.values_row_stride + j] =
