@@ -3,9 +3,10 @@
 # GPU check: build, test, sanitize and benchmark attnkit on a CUDA machine; every log and
 # result goes under $OUT (default /tmp/attnkit-gpu-check), at most 8 files.
 #
-#   scripts/gpu-check.sh [quick|full|bench]
-#     quick  build, C++ CUDA tests, Python CUDA tests, a short benchmark
-#     full   the above, compute-sanitizer memcheck + racecheck, the whole benchmark
+#   scripts/gpu-check.sh [quick|full|check|bench]
+#     quick  build, C++ CUDA tests, Python CUDA tests, an ncu profile, a short benchmark
+#     full   build, tests, compute-sanitizer memcheck + racecheck, the whole benchmark, demo
+#     check  build, tests, compute-sanitizer; no benchmark
 #     bench  build and benchmark only
 #
 # The C++ test binary is built here with CMake unless a prebuilt one is given in
@@ -36,7 +37,7 @@ step() {  # step NAME LOGFILE COMMAND...: run, append the outcome to the summary
 
 {
   echo "date: $(date -u +%FT%TZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+dirty')"
+  echo "commit: ${ATTNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   nvcc --version | tail -1
   python3 -c 'import torch; print("torch", torch.__version__)'
@@ -72,7 +73,7 @@ if [ "$MODE" != bench ]; then
   fi
   step "Python CUDA tests" "$TEST_LOG" python3 -m pytest tests/python_cuda -q -p no:cacheprovider -x
 fi
-if [ "$MODE" = full ] && [ -n "$TESTS" ]; then
+if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
   SAN_LOG="$OUT/sanitizer.log"
   step "compute-sanitizer memcheck" "$SAN_LOG" compute-sanitizer --tool memcheck --error-exitcode 3 \
     "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
@@ -88,6 +89,10 @@ if [ "$MODE" = quick ] && command -v ncu > /dev/null; then
 fi
 
 # -- Benchmark -----------------------------------------------------------------------------------
+if [ "$MODE" = check ]; then
+  cat "$SUMMARY"
+  exit $status
+fi
 quick=()
 [ "$MODE" = quick ] && quick=(--quick --repeats 10)
 step "benchmark" "$OUT/bench.log" python3 bench/bench_topk.py "${quick[@]}" \

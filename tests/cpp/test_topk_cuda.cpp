@@ -27,7 +27,7 @@ using attnkit::TensorView;
 const attnkit::Device kCpu{attnkit::DeviceType::kCPU, 0};
 const attnkit::Device kGpu{attnkit::DeviceType::kCUDA, 0};
 
-enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa };
+enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan };
 
 const char* dist_name(Dist d) {
   switch (d) {
@@ -41,6 +41,7 @@ const char* dist_name(Dist d) {
     case Dist::kSpecials: return "nan-inf-denormal";
     case Dist::kRawBits: return "raw-bits";
     case Dist::kDsa: return "dsa-relu";
+    case Dist::kMostlyNan: return "90%-nan";
   }
   return "?";
 }
@@ -84,6 +85,10 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
           break;
         }
         case Dist::kRawBits: bits = static_cast<std::uint32_t>(rng()); break;
+        case Dist::kMostlyNan:  // the k-th best becomes a NaN, and for largest=false every
+                                // number beats it: the prefilter must let numbers through
+          bits = rng() % 10 == 0 ? to_bits(dtype, normal(rng)) : (rng() % 2 ? nan : neg_nan);
+          break;
         case Dist::kDsa: {
           // Indexer scores: a weighted sum of ReLUs, many exact zeros, bf16-quantised.
           float s = 0;
@@ -348,11 +353,12 @@ TEST_F(TopkCuda, SmallEveryOption) {
 
 TEST_F(TopkCuda, SmallDistributions) {
   std::uint64_t seed = 500;
-  for (int d = 0; d < 10; ++d) {
+  for (int d = 0; d < 11; ++d) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       for (std::int64_t k : {1, 5, 300}) {
         Case c;
         c.dtype = dtype;
+        c.largest = seed % 2 == 0;
         c.dist = static_cast<Dist>(d);
         c.batch = 4;
         c.n = 5000;
