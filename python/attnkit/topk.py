@@ -114,7 +114,7 @@ def topk(
     TypeError
         Unsupported dtypes; a k that is not an integer.
     RuntimeError
-        A CUDA runtime failure.
+        A CUDA runtime failure; caller buffers with an ``x`` that requires grad (grad mode on).
 
     Notes
     -----
@@ -143,6 +143,10 @@ def topk(
         # Inside torch.compile, and whenever autograd must see the op, go through the
         # dispatcher (torch.ops.attnkit.topk, registered by attnkit.torch).
         needs_grad = return_values and x.requires_grad and torch.is_grad_enabled()
+        if needs_grad and (out_values is not None or out_indices is not None):
+            raise RuntimeError(
+                "topk: out_values/out_indices cannot be used when x requires grad: autograd "
+                "does not record writes into caller buffers (detach x or use torch.no_grad())")
         if torch.compiler.is_compiling() or needs_grad:
             from . import torch as _torch_ops
 

@@ -317,3 +317,14 @@ def test_autograd_values_route_gradient_to_selected_elements(offset):
             if indices[b, j] != -1:
                 expected[b, cols[b, j]] += weights[b, j]
     assert torch.equal(x.grad, expected)
+
+
+def test_caller_buffers_refused_when_autograd_would_need_them():
+    x = torch.randn(2, 50, requires_grad=True)
+    out_i = torch.empty(2, 5, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="out_values/out_indices"):
+        attnkit.topk(x, 5, out_indices=out_i)
+    with torch.no_grad():
+        attnkit.topk(x, 5, out_indices=out_i)  # nothing to record: allowed
+    values, indices = attnkit.topk(x, 5, out_indices=out_i, return_values=False)
+    assert values is None and indices.data_ptr() == out_i.data_ptr()

@@ -80,9 +80,11 @@ std::string cuda_build_info() {
   int runtime = 0, driver = 0, count = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
+  const std::string driver_str =
+      driver == 0 ? std::string("none")
+                  : std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10);
   std::string s = "cuda: runtime " + std::to_string(runtime / 1000) + "." +
-                  std::to_string(runtime % 1000 / 10) + ", driver " +
-                  std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
+                  std::to_string(runtime % 1000 / 10) + ", driver " + driver_str +
                   ", compiled for " ATTNKIT_CUDA_TARGETS "\n";
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
