@@ -8,12 +8,12 @@
 namespace attnkit {
 
 /// Threads the CPU backend uses (the caller's thread included). Initially the value of the
-/// environment variable `ATTNKIT_NUM_THREADS` when it is a positive integer, else the number
-/// of hardware threads.
+/// environment variable `ATTNKIT_NUM_THREADS` when it is an integer in [1, 4096], else the
+/// number of hardware threads.
 int num_threads() noexcept;
 
-/// Resizes the CPU thread pool. `n >= 1`.
-/// \throws Error(kValue) for n < 1.
+/// Resizes the CPU thread pool. `1 <= n <= 4096`.
+/// \throws Error(kValue) for n outside [1, 4096].
 void set_num_threads(int n);
 
 /// True when this build contains the CUDA backend.

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 # NumPy and ml_dtypes load before the extension: on some systems importing ml_dtypes after a
 # module linked to another libstdc++ build crashes inside its number formatting.
-import ml_dtypes  # noqa: F401
-import numpy  # noqa: F401
+import operator as _operator
+
+import ml_dtypes as _ml_dtypes  # noqa: F401
+import numpy as _numpy  # noqa: F401
 
 from . import _ext
 from .topk import topk, TopkResult
@@ -26,8 +28,12 @@ def num_threads() -> int:
 
 
 def set_num_threads(n: int) -> None:
-    """Resizes the CPU thread pool; ``n >= 1``. Raises ValueError otherwise."""
-    _ext.set_num_threads(int(n))
+    """Resizes the CPU thread pool; ``1 <= n <= 4096``. Raises ValueError otherwise, TypeError
+    for a non-integer."""
+    n = _operator.index(n)
+    if not 1 <= n <= 4096:  # also keeps n within the C++ int it crosses as
+        raise ValueError(f"set_num_threads: n = {n} must be in [1, 4096]")
+    _ext.set_num_threads(n)
 
 
 def info() -> str:

@@ -61,17 +61,30 @@ def dtype_name(dtype: Any) -> str:
         raise TypeError(f"dtype {dtype!r} has no attnkit equivalent") from None
 
 
-def array_dtype_name(a: Any) -> str:
-    if isinstance(a, np.ndarray):
+def array_dtype_name(a: Any, name: str) -> str:
+    """The dtype name of array argument `name`; TypeError naming it when attnkit has none."""
+    check_array(a, name)
+    try:
         return dtype_name(a.dtype)
-    if is_torch(a):
-        return dtype_name(a.dtype)
-    return dtype_name(getattr(a, "dtype", None))
+    except TypeError:
+        raise TypeError(f"topk: {name}.dtype = {a.dtype}; attnkit has no such dtype") from None
 
 
-def raw_view(a: Any, name: str) -> Any:
+def check_array(a: Any, name: str) -> None:
+    """NumPy arrays, torch tensors and DLPack producers pass; anything else (lists, tuples,
+    memoryviews, ctypes arrays) is refused by name rather than guessed at."""
+    if isinstance(a, np.ndarray) or is_torch(a) or hasattr(type(a), "__dlpack__"):
+        return
+    raise TypeError(f"topk: {name} is a {type(a).__name__}; expected a NumPy array, a torch "
+                    "tensor or an array supporting DLPack")
+
+
+def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     """What the extension takes for array `a`: a raw-view tuple, or `a` itself for DLPack."""
+    check_array(a, name)
     if isinstance(a, np.ndarray):
+        if writable and not a.flags.writeable:
+            raise ValueError(f"topk: {name} is read-only; outputs must be writable")
         try:
             code = DTYPE_CODES[_NUMPY_NAMES[a.dtype]]
         except KeyError:

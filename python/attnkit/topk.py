@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
 from typing import Any, NamedTuple, Optional, Union
+
+import numpy as np
 
 from . import _arrays
 from . import _ext
@@ -22,6 +25,21 @@ _NANS = {"largest": 0, "ignore": 1, "raise": 2}
 _TIES = {"lowest_index": 0, "any": 1}
 _BACKENDS = {"auto": 0, "reference": 1}
 _CHECKS = {None: 0, True: 1, False: 2}
+
+
+_MAX_EXTENT = 2**31 - 1
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"topk: {name} = {value!r}; expected an integer")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"topk: {name} = {value!r}; expected an integer") from None
+    if not -2**63 <= value < 2**63:  # cannot cross into C++ (which checks the rest)
+        raise ValueError(f"topk: {name} = {value} is outside the int64 range")
+    return value
 
 
 def _choice(name: str, value: Any, table: dict) -> int:
@@ -137,6 +155,32 @@ def topk(
     --------
     torch.topk, numpy.argpartition
     """
+    # Options first, for every path.
+    order = _choice("sorted", sorted, _ORDERS)
+    nan_code = _choice("nan", nan, _NANS)
+    ties_code = _choice("ties", ties, _TIES)
+    check_code = _choice("check", check, _CHECKS)
+    backend_code = _choice("backend", backend, _BACKENDS)
+    k = _integer("k", k)
+    index_fill = _integer("index_fill", index_fill)
+    if not isinstance(largest, (bool, np.bool_)):
+        raise TypeError(f"topk: largest = {largest!r}; expected a bool")
+    if not isinstance(return_values, (bool, np.bool_)):
+        raise TypeError(f"topk: return_values = {return_values!r}; expected a bool")
+    if value_fill is not None and (isinstance(value_fill, (str, bytes, bool))
+                                   or not isinstance(value_fill, numbers.Real)):
+        raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
+    if out_values is not None and not return_values:
+        raise ValueError("topk: out_values is given but return_values = False")
+    index_name = None
+    if out_indices is None:
+        try:
+            index_name = _arrays.dtype_name(indices_dtype)
+        except TypeError:
+            pass
+        if index_name not in ("int32", "int64"):
+            raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
+
     if _arrays.is_torch(x):
         import torch
 
@@ -147,58 +191,42 @@ def topk(
             raise RuntimeError(
                 "topk: out_values/out_indices cannot be used when x requires grad: autograd "
                 "does not record writes into caller buffers (detach x or use torch.no_grad())")
+        if needs_grad and backend != "auto":
+            raise ValueError(f"topk: backend = {backend!r} runs without autograd; detach x or "
+                             "use torch.no_grad()")
         if torch.compiler.is_compiling() or needs_grad:
             from . import torch as _torch_ops
 
             return TopkResult(*_torch_ops._dispatched_topk(
-                x, k, largest=largest, sorted=sorted, begin=begin, end=end,
-                indices_dtype=indices_dtype, return_values=return_values, out_values=out_values,
-                out_indices=out_indices, index_offset=index_offset, index_fill=index_fill,
-                value_fill=value_fill, nan=nan, ties=ties, check=check))
-
-    order = _choice("sorted", sorted, _ORDERS)
-    nan_code = _choice("nan", nan, _NANS)
-    ties_code = _choice("ties", ties, _TIES)
-    check_code = _choice("check", check, _CHECKS)
-    backend_code = _choice("backend", backend, _BACKENDS)
-    if isinstance(k, bool):
-        raise TypeError(f"topk: k = {k!r}; expected an integer")
-    try:
-        k = operator.index(k)
-    except TypeError:
-        raise TypeError(f"topk: k = {k!r}; expected an integer") from None
-    if out_values is not None and not return_values:
-        raise ValueError("topk: out_values is given but return_values = False")
-    if out_indices is None:
-        try:
-            index_name = _arrays.dtype_name(indices_dtype)
-        except TypeError:
-            index_name = None
-        if index_name not in ("int32", "int64"):
-            raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
+                x, k, largest=bool(largest), sorted=sorted, begin=begin, end=end,
+                indices_dtype=index_name or indices_dtype, return_values=bool(return_values),
+                out_values=out_values, out_indices=out_indices, index_offset=index_offset,
+                index_fill=index_fill, value_fill=value_fill, nan=nan, ties=ties, check=check))
 
     shape = tuple(getattr(x, "shape", ()))
-    # A negative k still allocates (empty) outputs so that the C++ check reports it by name.
-    out_shape = (*shape[:-1], max(k, 0)) if len(shape) >= 1 else (max(k, 0),)
+    # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
+    # name before any large allocation.
+    columns = k if 0 <= k <= _MAX_EXTENT else 0
+    out_shape = (*shape[:-1], columns) if len(shape) >= 1 else (columns,)
     if out_indices is None:
         out_indices = _arrays.empty(x, out_shape, index_name)
         made_indices = True
     else:
         made_indices = False
     if out_values is None and return_values:
-        out_values = _arrays.empty(x, out_shape, _arrays.array_dtype_name(x))
+        out_values = _arrays.empty(x, out_shape, _arrays.array_dtype_name(x, "x"))
         made_values = True
     else:
         made_values = False
 
     args = (
         _arrays.raw_view(x, "x"),
-        _arrays.raw_view(out_indices, "out_indices"),
-        None if out_values is None else _arrays.raw_view(out_values, "out_values"),
+        _arrays.raw_view(out_indices, "out_indices", writable=True),
+        None if out_values is None else _arrays.raw_view(out_values, "out_values", writable=True),
         None if begin is None else _arrays.raw_view(begin, "begin"),
         None if end is None else _arrays.raw_view(end, "end"),
         None if index_offset is None else _arrays.raw_view(index_offset, "index_offset"),
-        k, bool(largest), order, nan_code, ties_code, int(index_fill),
+        k, bool(largest), order, nan_code, ties_code, index_fill,
         None if value_fill is None else float(value_fill), check_code, backend_code,
     )
     workspace = None

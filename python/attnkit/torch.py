@@ -84,26 +84,39 @@ def _topk_out_fake(x, k, largest, sorted, begin, end, index_offset, index_fill, 
 
 def _setup_context(ctx, inputs, output):
     x, k = inputs[0], inputs[1]
-    index_offset = inputs[8] if len(inputs) > 8 else None
-    index_fill = inputs[9] if len(inputs) > 9 else -1
+    begin, end, index_offset = inputs[4], inputs[5], inputs[8]
+    ctx.k = k
     ctx.x_shape = x.shape
-    ctx.index_fill = index_fill
-    ctx.save_for_backward(output[1], index_offset)
+    ctx.nan_ignored = inputs[11] == "ignore"
+    ctx.save_for_backward(output[1], begin, end, index_offset,
+                          x if ctx.nan_ignored else None)
 
 
 def _backward(ctx, grad_values, grad_indices):
-    indices, index_offset = ctx.saved_tensors
+    indices, begin, end, index_offset, x = ctx.saved_tensors
+    none = (None,) * 13
     if grad_values is None or grad_values.numel() == 0:
-        return (None,) * 14
+        return (None,) + none
+    # Rows as [B, N]; a 1-D x is one row.
     n = ctx.x_shape[-1]
-    cols = indices.long()
-    real = indices != ctx.index_fill
-    if index_offset is not None:
-        cols = cols - index_offset.long().reshape(-1, *([1] * (cols.dim() - 1)))
-    real &= (cols >= 0) & (cols < n)
-    grad_x = grad_values.new_zeros(ctx.x_shape)
-    grad_x.scatter_add_(-1, cols.clamp(0, max(n - 1, 0)), torch.where(real, grad_values, 0))
-    return (grad_x,) + (None,) * 13
+    idx = indices.reshape(-1, indices.shape[-1]).long()
+    grad = grad_values.reshape(idx.shape)
+    rows = idx.shape[0]
+    # Real slots are the first min(k, selectable) of each row, whatever their indices hold
+    # (a real index may equal index_fill): the same count the kernels pad after.
+    hi = (end.long() if end is not None else torch.full((rows,), n, device=idx.device)).clamp(0, n)
+    lo = torch.minimum((begin.long() if begin is not None else torch.zeros_like(hi)).clamp(min=0), hi)
+    selectable = hi - lo
+    if ctx.nan_ignored:
+        col = torch.arange(n, device=idx.device)
+        in_range = (col >= lo[:, None]) & (col < hi[:, None])
+        selectable = selectable - (torch.isnan(x.reshape(rows, n)) & in_range).sum(-1)
+    real = torch.arange(idx.shape[-1], device=idx.device)[None, :] < selectable.clamp(max=ctx.k)[:, None]
+    cols = idx - index_offset.long()[:, None] if index_offset is not None else idx
+    cols = torch.where(real, cols, 0).clamp(0, max(n - 1, 0))
+    grad_x = grad.new_zeros((rows, n))
+    grad_x.scatter_add_(-1, cols, torch.where(real, grad, 0))
+    return (grad_x.reshape(ctx.x_shape),) + none
 
 
 for _key in ("CPU", "CUDA"):
@@ -121,6 +134,9 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
                      ties: str, check: Optional[bool]):
     """attnkit.topk through the dispatcher: the same arguments and results."""
     order = ("value" if sorted else "none") if isinstance(sorted, bool) else sorted
+    # The op's schema takes tensors: NumPy begin/end/index_offset become (zero-copy) tensors.
+    begin, end, index_offset = (v if v is None or isinstance(v, torch.Tensor) else torch.as_tensor(v)
+                                for v in (begin, end, index_offset))
     if out_indices is not None:
         torch.ops.attnkit.topk_out(
             x, k, largest, order, begin, end, index_offset, index_fill, value_fill, nan, ties,

@@ -4,6 +4,7 @@
 // from float round to nearest, ties to even, and keep NaN a NaN.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -61,6 +62,30 @@ ATTNKIT_HD std::uint16_t float_to_f16_bits(float f) {
   std::uint32_t r = abs - 0x38000000u;
   r += 0xFFFu + ((r >> 13) & 1u);
   return static_cast<std::uint16_t>(sign | (r >> 13));
+}
+
+/// double -> float rounded to odd: toward zero, then the lowest mantissa bit set when the
+/// conversion was inexact. Rounding that float to a narrower format (half, bfloat16) to
+/// nearest-even then gives the correctly rounded result of the double, which a plain
+/// double -> float -> narrow chain misses when both steps round (double rounding).
+inline float double_to_float_round_odd(double d) {
+  float f = static_cast<float>(d);
+  if (d != d || static_cast<double>(f) == d) return f;  // NaN, or exact
+  if (f != f || (f > 3.4e38f || f < -3.4e38f) || std::fabs(static_cast<double>(f)) > std::fabs(d)) {
+    // Rounded away from zero (or overflowed to inf): step back toward zero.
+    f = std::nextafter(f, 0.0f);
+  }
+  std::uint32_t u = float_to_bits(f);
+  u |= 1u;  // inexact: the sticky bit
+  return bits_to_float(u);
+}
+
+inline std::uint16_t double_to_bf16_bits(double d) {
+  return float_to_bf16_bits(double_to_float_round_odd(d));
+}
+
+inline std::uint16_t double_to_f16_bits(double d) {
+  return float_to_f16_bits(double_to_float_round_odd(d));
 }
 
 }  // namespace attnkit::detail

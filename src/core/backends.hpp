@@ -13,8 +13,12 @@ namespace attnkit::detail {
 // CPU (src/cpu/).
 void cpu_topk(const TopkProblem& p);
 void cpu_topk_reference(const TopkProblem& p);
-/// True if a NaN lies in any row's valid range (for nan = "raise", checked before any write).
-bool cpu_topk_has_nan(const TopkProblem& p);
+/// Row and column of the first NaN in a row's valid range, or row -1 when there is none
+/// (for nan = "raise", checked before any write).
+struct NanPosition {
+  std::int64_t row = -1, col = -1;
+};
+NanPosition cpu_topk_find_nan(const TopkProblem& p);
 
 #if defined(ATTNKIT_WITH_CUDA)
 // CUDA (src/cuda/).

@@ -51,12 +51,12 @@ void check_output(const char* arg, const TensorView& t, const TensorView& x, std
   check_rows_disjoint(kOp, arg, t);
 }
 
+/// value_fill in x's format, rounded once to nearest-even from the double given.
 std::uint32_t fill_bits(DType dtype, double v) {
-  const float f = static_cast<float>(v);
   switch (dtype) {
-    case DType::kFloat32: return float_to_bits(f);
-    case DType::kBFloat16: return float_to_bf16_bits(f);
-    case DType::kFloat16: return float_to_f16_bits(f);
+    case DType::kFloat32: return float_to_bits(static_cast<float>(v));
+    case DType::kBFloat16: return double_to_bf16_bits(v);
+    case DType::kFloat16: return double_to_f16_bits(v);
     default: return 0;
   }
 }

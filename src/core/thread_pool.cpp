@@ -12,11 +12,14 @@ namespace {
 
 thread_local bool t_inside_task = false;
 
+// More threads than this is a mistake (a count of bytes, a typo), not a machine.
+constexpr long kMaxThreads = 4096;
+
 int default_thread_count() {
   if (const char* env = std::getenv("ATTNKIT_NUM_THREADS")) {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && v >= 1 && v <= 4096) return static_cast<int>(v);
+    if (end != env && *end == '\0' && v >= 1 && v <= kMaxThreads) return static_cast<int>(v);
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
@@ -59,9 +62,9 @@ void ThreadPool::stop() {
 }
 
 void ThreadPool::resize(int num_threads) {
-  if (num_threads < 1) {
+  if (num_threads < 1 || num_threads > kMaxThreads) {
     throw Error(ErrorCode::kValue, "set_num_threads: n = " + std::to_string(num_threads) +
-                                       " must be >= 1");
+                                       " must be in [1, " + std::to_string(kMaxThreads) + "]");
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
   stop();

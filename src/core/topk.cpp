@@ -57,9 +57,14 @@ void check_rows(const TopkProblem& p, cudaStream_t stream) {
 void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   check_rows(p, stream);
   if (!on_cuda(p)) {
-    if (p.nan == NanPolicy::kRaise && detail::cpu_topk_has_nan(p)) {
-      throw Error(ErrorCode::kNanFound,
-                  "topk: x holds a NaN inside a row's valid range and nan = \"raise\"");
+    if (p.nan == NanPolicy::kRaise) {
+      const detail::NanPosition at = detail::cpu_topk_find_nan(p);
+      if (at.row >= 0) {
+        throw Error(ErrorCode::kNanFound,
+                    "topk: x[" + std::to_string(at.row) + ", " + std::to_string(at.col) +
+                        "] is NaN, inside row " + std::to_string(at.row) +
+                        "'s valid range, and nan = \"raise\"");
+      }
     }
     if (p.backend == TopkBackend::kReference) {
       detail::cpu_topk_reference(p);

@@ -437,7 +437,7 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
 }
 
 template <class Traits>
-bool any_nan_rows(const TopkProblem& p) {
+NanPosition find_nan(const TopkProblem& p) {
   using Bits = typename Traits::Bits;
   ThreadPool& pool = ThreadPool::global();
   std::vector<char> found(static_cast<std::size_t>(p.batch), 0);
@@ -451,7 +451,15 @@ bool any_nan_rows(const TopkProblem& p) {
     if constexpr (std::is_same_v<Traits, Float16Traits>) any = has_nan_f16(row, n);
     found[static_cast<std::size_t>(b)] = any;
   });
-  return std::find(found.begin(), found.end(), 1) != found.end();
+  NanPosition at;
+  const auto first = std::find(found.begin(), found.end(), 1);
+  if (first == found.end()) return at;
+  at.row = first - found.begin();
+  const cpu::RowRange r = cpu::row_range(p, at.row);
+  const Bits* row = static_cast<const Bits*>(p.x) + at.row * p.row_stride;
+  for (at.col = r.lo; !is_nan_bits<Traits>(row[at.col]); ++at.col) {
+  }
+  return at;
 }
 
 template <class Fn>
@@ -476,9 +484,9 @@ void cpu_topk(const TopkProblem& p) {
   });
 }
 
-bool cpu_topk_has_nan(const TopkProblem& p) {
-  if (p.batch == 0) return false;
-  return with_traits(p.dtype, [&](auto traits) { return any_nan_rows<decltype(traits)>(p); });
+NanPosition cpu_topk_find_nan(const TopkProblem& p) {
+  if (p.batch == 0) return {};
+  return with_traits(p.dtype, [&](auto traits) { return find_nan<decltype(traits)>(p); });
 }
 
 }  // namespace attnkit::detail

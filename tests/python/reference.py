@@ -121,10 +121,10 @@ def topk_reference(
     x_bits = bits(x2)
     ubits = uint_dtype(x.dtype)
     fill = value_fill if value_fill is not None else (-np.inf if largest else np.inf)
-    # The fill is rounded to float32 first, then to x's dtype (as torch's scalar fill does).
+    # The fill is rounded once, from the double given, to x's dtype (NumPy's and ml_dtypes'
+    # casts from float64 round correctly).
     with np.errstate(over="ignore"):
-        fill32 = np.array(fill, dtype=np.float64).astype(np.float32)
-    fill_bits = fill32.astype(x.dtype).reshape(1).view(ubits)[0]
+        fill_bits = np.array(fill, dtype=np.float64).astype(x.dtype).reshape(1).view(ubits)[0]
 
     out_bits = np.full((rows, k), fill_bits, dtype=ubits)
     out_idx = np.full((rows, k), index_fill, dtype=np.int64)

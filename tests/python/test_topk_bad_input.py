@@ -316,3 +316,31 @@ def test_nan_raise_without_nan_equals_default():
     x = make_rows("inf", (6, 300), "bfloat16", rng_for("nan_raise_clean"))
     assert_same_result(attnkit.topk(x, 40, nan="raise", sorted="value"),
                        attnkit.topk(x, 40, sorted="value"), "nan=raise on a NaN-free x")
+
+
+# Arguments that are not arrays, and outputs that are read-only, are refused by name.
+@pytest.mark.parametrize("arg", ["x", "begin", "end", "index_offset", "out_indices"])
+def test_non_arrays_are_refused_by_name(arg):
+    import ctypes
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for bad in ((0, 1, 2), (4096, (3,), (1,), 3, 0, 0), [0, 1, 2], (ctypes.c_int64 * 3)(0, 1, 2),
+                memoryview(np.zeros(3, np.int64))):
+        kwargs = {} if arg == "x" else {arg: bad}
+        with pytest.raises(TypeError, match=f"topk: {arg} is a "):
+            attnkit.topk(bad if arg == "x" else x, 2, **kwargs)
+
+
+def test_read_only_outputs_are_refused_and_untouched():
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    frozen = bytes(32)
+    out_i = np.frombuffer(frozen, np.int64).reshape(2, 2)
+    with pytest.raises(ValueError, match="out_indices is read-only"):
+        attnkit.topk(x, 2, out_indices=out_i)
+    assert frozen == bytes(32)
+
+
+@pytest.mark.parametrize("k", [2**31, 2**40, 2**62])
+def test_huge_k_is_refused_before_allocating(k):
+    with pytest.raises(ValueError, match=rf"k = {k} must be <= 2\^31 - 1"):
+        attnkit.topk(np.zeros(10, np.float32), k)
