@@ -294,6 +294,13 @@ void check_case(const Case& c, bool graph = false) {
   Result want = run_case(c, rows, begin, end, offset, kCpu,
                          small ? attnkit::TopkBackend::kReference : attnkit::TopkBackend::kAuto);
   Result got = run_case(c, rows, begin, end, offset, kGpu, attnkit::TopkBackend::kAuto, graph);
+  if (small && !graph) {
+    // Every small case also runs captured in a CUDA graph and replayed: the same bits.
+    const Result replayed =
+        run_case(c, rows, begin, end, offset, kGpu, attnkit::TopkBackend::kAuto, true);
+    EXPECT_EQ(replayed.indices, got.indices) << "graph replay differs from the direct call";
+    EXPECT_TRUE(replayed.values == got.values) << "graph replay values differ";
+  }
   canonicalise(c, want);
   canonicalise(c, got);
   std::int64_t bad = 0;
