@@ -199,7 +199,6 @@ def run(quick: bool, repeats: int):
             print(f"{name:16s} {row['dtype']:8s} B={b:<5d} N={n:<8d} k={k:<5d} values={int(return_values)} "
                   f"attnkit {t_ours:9.2f} us {row['attnkit_TBps']:6.3f} TB/s | torch {t_torch:9.2f} us "
                   f"| x{row['speedup']:.2f}", flush=True)
-        del x
     return rows
 
 

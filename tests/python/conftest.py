@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any, Optional
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -74,7 +75,6 @@ def make_rows(dist: str, shape, dtype_name: str, rng: np.random.Generator) -> np
     """A C-contiguous array of `shape` and dtype `dtype_name` drawn from `dist`."""
     dtype = dtype_of(dtype_name)
     shape = tuple(shape)
-    n = shape[-1] if shape else 1
     if dist.startswith("normal@"):
         scale = float(dist.split("@")[1])
         return (rng.standard_normal(shape) * scale).astype(dtype)
@@ -208,3 +208,22 @@ def poisoned(shape, dtype) -> np.ndarray:
     if dtype.kind in "iu":
         return np.full(shape, POISON_INDEX, dtype=dtype)
     return np.full(shape, POISON_BITS[dtype.itemsize], dtype=uint_dtype(dtype)).view(dtype)
+
+
+def to_torch(a: np.ndarray):
+    """A NumPy float array (bfloat16 through ml_dtypes) as a torch tensor, bit for bit."""
+    import torch
+
+    if a.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def to_numpy(t) -> np.ndarray:
+    """A torch tensor as NumPy, bit for bit (bfloat16 through ml_dtypes)."""
+    import torch
+
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()

@@ -6,29 +6,16 @@ from __future__ import annotations
 import inspect
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 from attnkit.compat import deep_select
-from conftest import assert_same_result, describe, make_rows, rng_for
+from conftest import assert_same_result, describe, make_rows, rng_for, to_numpy, to_torch
 from reference import topk_reference
 
 INT32_MAX = 2147483647
 
-
-def to_torch(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == np.dtype(ml_dtypes.bfloat16):
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
 
 
 def test_signature_and_defaults():

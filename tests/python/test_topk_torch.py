@@ -8,33 +8,18 @@ torch.compile(fullgraph=True)."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 import attnkit
 import attnkit.torch  # noqa: F401  (registers torch.ops.attnkit)
-from conftest import DTYPES, assert_same_result, describe, make_rows, rng_for
+from conftest import DTYPES, assert_same_result, describe, make_rows, rng_for, to_numpy, to_torch
 from reference import topk_reference
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TORCH_UINT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
-
-def to_torch(a: np.ndarray) -> torch.Tensor:
-    """A NumPy float array (bfloat16 through ml_dtypes) as a torch tensor, bit for bit."""
-    if a.dtype == np.dtype(ml_dtypes.bfloat16):
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A torch tensor as NumPy, bit for bit (bfloat16 through ml_dtypes)."""
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
 
 
 def tensor_bits(t: torch.Tensor) -> torch.Tensor:
