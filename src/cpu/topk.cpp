@@ -70,7 +70,7 @@ constexpr std::int64_t kMinSegment = std::int64_t{1} << 15;
 // ---------------------------------------------------------------------------------------------
 
 // float32 and bfloat16 widen to float with a move or a shift, which vectorises; float16 needs a
-// branchy conversion, so its groups are tested on scores instead.
+// branchy conversion, so its blocks are tested on scores instead.
 template <class Traits>
 inline constexpr bool kFloatPrefilter = !std::is_same_v<Traits, Float16Traits>;
 
