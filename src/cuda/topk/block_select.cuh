@@ -3,6 +3,7 @@
 // k of the survivors and the newcomers (a radix select on keys), and the best-first sort.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/common/block_scan.cuh"
@@ -26,6 +27,20 @@ struct Candidates {
   std::uint32_t n;
 };
 
+/// `p`, a pointer into the kernel's dynamic shared memory, re-derived from that array: a
+/// function that receives lists as generic pointers (select_into is not inlined) then reads
+/// them with shared loads rather than generic ones.
+__device__ __forceinline__ std::uint32_t* as_shared(std::uint32_t* p) {
+  extern __shared__ __align__(16) std::uint32_t dynamic_smem[];
+  const std::size_t words =
+      (__cvta_generic_to_shared(p) - __cvta_generic_to_shared(dynamic_smem)) / sizeof(std::uint32_t);
+  return dynamic_smem + words;
+}
+
+__device__ __forceinline__ Candidates as_shared(Candidates c) {
+  return Candidates{as_shared(c.key), as_shared(c.col), c.n};
+}
+
 /// Keeps the best k of the concatenation a ++ b (n = a.n + b.n > k >= 1), written in order to
 /// out_key/out_col (which overlap neither), and returns the k-th best key. Best = larger key, then lower
 /// column; a ++ b is in column order, so the lowest-index ties are the first ones met.
@@ -41,6 +56,10 @@ __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
                                                   std::uint32_t k, SelectScratch<kThreads>& s) {
   static_assert(kThreads >= 256, "one thread per histogram bin");
   static_assert(kKeyBits == 16 || kKeyBits == 32, "keys of 16 or 32 bits");
+  a = as_shared(a);
+  b = as_shared(b);
+  out_key = as_shared(out_key);
+  out_col = as_shared(out_col);
   const std::uint32_t n = a.n + b.n;
   auto key_at = [&](std::uint32_t p) { return p < a.n ? a.key[p] : b.key[p - a.n]; };
   auto col_at = [&](std::uint32_t p) { return p < a.n ? a.col[p] : b.col[p - a.n]; };
@@ -114,6 +133,8 @@ __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
 template <int kThreads>
 __device__ void sort_best_first(std::uint32_t* key, std::uint32_t* col, std::uint32_t n,
                                 std::uint32_t padded) {
+  key = as_shared(key);
+  col = as_shared(col);
   for (std::uint32_t p = n + threadIdx.x; p < padded; p += kThreads) {
     key[p] = 0u;  // below every candidate
     col[p] = 0xFFFFFFFFu;

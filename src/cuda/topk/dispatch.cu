@@ -117,27 +117,37 @@ Launch make_launch(const TopkProblem& p) {
 
   const int sms = sm_count(p.device.index);
   const std::uint32_t k = l.k_select;
-  // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory.
-  const cuda::BufferPlan narrow =
-      cuda::buffer_plan(k, cuda::NarrowPolicy::kRound, cuda::kNarrowSmem, p.row_len);
-  plan.narrow = p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem;
-  const std::uint32_t round = plan.narrow ? cuda::NarrowPolicy::kRound : cuda::WidePolicy::kRound;
-
   l.slot_stride = (k + 3) / 4 * 4;
-  if (!plan.narrow && p.batch < sms) {
-    // Cut rows so that the grid covers the GPU, each slice streams >= 2 rounds, and the merge
-    // reads at most 32K candidates per row.
-    const std::int64_t want = sms / p.batch;
-    const std::int64_t by_length = p.row_len / (2 * static_cast<std::int64_t>(round));
-    const std::int64_t by_merge = 32768 / l.slot_stride;
-    plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
+  if (p.k == 1) {
+    // Argmax: no candidate lists. Rows are cut until the grid holds four CTAs per SM (short
+    // CTAs even out the waves), each slice streaming at least kArgmaxMinSlice elements.
+    plan.path = TopkPath::kArgmax;
+    const std::int64_t want = 4 * static_cast<std::int64_t>(sms) / p.batch;
+    const std::int64_t by_length = p.row_len / cuda::kArgmaxMinSlice;
+    plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min(want, by_length), 1, 64));
+  } else {
+    // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory.
+    const cuda::BufferPlan narrow =
+        cuda::buffer_plan(k, cuda::NarrowPolicy::kRound, cuda::kNarrowSmem, p.row_len);
+    plan.narrow = p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem;
+    const std::uint32_t round = plan.narrow ? cuda::NarrowPolicy::kRound : cuda::WidePolicy::kRound;
+    if (!plan.narrow && p.batch < sms) {
+      // Cut rows so that the grid covers the GPU, each slice streams >= 2 rounds, and the merge
+      // reads at most 32K candidates per row.
+      const std::int64_t want = sms / p.batch;
+      const std::int64_t by_length = p.row_len / (2 * static_cast<std::int64_t>(round));
+      const std::int64_t by_merge = 32768 / l.slot_stride;
+      plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
+    }
+    plan.rows = plan.narrow ? narrow
+                            : cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem,
+                                                (p.row_len + plan.slices - 1) / plan.slices);
   }
-  plan.rows = plan.narrow ? narrow
-                          : cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem,
-                                              (p.row_len + plan.slices - 1) / plan.slices);
   if (plan.slices > 1) {
-    plan.merge = cuda::buffer_plan(k, cuda::kMergeRound, cuda::kMaxDynamicSmem,
-                                   static_cast<std::int64_t>(plan.slices) * l.slot_stride);
+    if (plan.path == TopkPath::kFilter) {
+      plan.merge = cuda::buffer_plan(k, cuda::kMergeRound, cuda::kMaxDynamicSmem,
+                                     static_cast<std::int64_t>(plan.slices) * l.slot_stride);
+    }
     const std::size_t bytes =
         static_cast<std::size_t>(p.batch) * plan.slices * l.slot_stride * sizeof(std::uint32_t);
     l.layout.slice_key = take(bytes);
@@ -230,7 +240,9 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
   std::fprintf(stderr,
                "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d limit=%u smem=%zu\n",
                static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
-               static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix ? "radix" : "filter",
+               static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix    ? "radix"
+               : l.plan.path == TopkPath::kArgmax ? "argmax"
+                                                  : "filter",
                l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.rows.limit,
                l.plan.rows.smem());
 #endif

@@ -21,6 +21,7 @@
 // final sort fits), newcomers key/col [slack + round]; static: SelectScratch, append counts.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -59,23 +60,87 @@ __device__ __forceinline__ std::uint32_t next_pow2(std::uint32_t v) {
   return v <= 1 ? 1u : 1u << (32 - __clz(v - 1));
 }
 
+/// The prefilter of one 32-bit word of input (one fp32 element or two 16-bit ones): nonzero
+/// when some element in it may beat the threshold. `w` has the sign bits flipped for
+/// largest=false (x -> -x reverses the order, and NaN stays NaN), so one unordered
+/// "greater or equal" serves both directions: NaN always passes, to be judged exactly.
 template <class Traits>
-__device__ __forceinline__ float to_float(std::uint32_t bits) {
+__device__ __forceinline__ std::uint32_t word_may_pass(std::uint32_t w, std::uint32_t bound) {
   if constexpr (Traits::kBits == 32) {
-    return __uint_as_float(bits);
-  } else if constexpr (Traits::kInf == 0x7F80u) {  // bfloat16: the high half of a float
-    return __uint_as_float(bits << 16);
-  } else {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    return !(__uint_as_float(w) < __uint_as_float(bound));
+  } else if constexpr (Traits::kInf == 0x7F80u) {  // bfloat16x2
+    return __hgeu2_mask(*reinterpret_cast<const __nv_bfloat162*>(&w),
+                        *reinterpret_cast<const __nv_bfloat162*>(&bound));
+  } else {  // half2
+    return __hgeu2_mask(*reinterpret_cast<const __half2*>(&w),
+                        *reinterpret_cast<const __half2*>(&bound));
   }
 }
 
-/// Elements per 16-byte vector and vectors per thread per round: 16 elements per thread for
-/// every dtype, so that a round's fixed cost (one barrier, the warp scans) is spread wide.
+/// Word w (0..3) of a vector, for a w known only at run time (a select chain, so the vector
+/// stays in registers).
+__device__ __forceinline__ std::uint32_t vector_word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+/// Element j of a 16-byte vector of kVec elements (4 fp32 or 8 16-bit), as bits.
+template <int kVec>
+__device__ __forceinline__ std::uint32_t vector_element(const uint4& v, int j) {
+  if constexpr (kVec == 4) {
+    return vector_word(v, j);
+  } else {
+    return (vector_word(v, j / 2) >> (16 * (j % 2))) & 0xFFFFu;  // little endian
+  }
+}
+
+/// Elements per 16-byte vector and vectors per thread per round: two vectors (16 elements of
+/// 16 bits, 8 of fp32), so that a round's fixed cost (one barrier, one vote) is spread wide
+/// while a round in flight and the one being filtered fit the registers.
 template <class Traits>
 struct RoundShape {
   static constexpr int kVec = Traits::kBits == 32 ? 4 : 8;
-  static constexpr int kU = 16 / kVec;
+  static constexpr int kU = 2;
+};
+
+/// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any
+/// element of a 16-byte vector may score above the threshold (word_may_pass). Input words are
+/// XORed with `sign_flip` (the sign bits for largest=false, else 0) and compared with
+/// `bound`, both replicated per 16-bit lane.
+template <class Traits>
+struct Prefilter {
+  std::uint32_t sign_flip = 0;
+  std::uint32_t bound = 0;
+
+  __device__ void set(std::uint32_t threshold, const ScoreParams& sp) {
+    const std::uint32_t lanes = Traits::kBits == 32 ? 1u : 0x00010001u;
+    sign_flip = sp.flip == 0 ? 0u : Traits::kSign * lanes;
+    bound = ((prefilter_bound_bits<Traits>(threshold, sp) ^ (sp.flip == 0 ? 0u : Traits::kSign)) &
+             Traits::kMask) * lanes;
+  }
+
+  /// Whether some element of a 16-byte vector may beat the threshold.
+  __device__ __forceinline__ bool vector_may_pass(const uint4& v) const {
+    return (word_may_pass<Traits>(v.x ^ sign_flip, bound) |
+            word_may_pass<Traits>(v.y ^ sign_flip, bound) |
+            word_may_pass<Traits>(v.z ^ sign_flip, bound) |
+            word_may_pass<Traits>(v.w ^ sign_flip, bound)) != 0;
+  }
+
+  /// The same test as a bit mask over the vector's elements (bit j: element j may pass).
+  __device__ __forceinline__ std::uint32_t vector_may_pass_bits(const uint4& v) const {
+    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    std::uint32_t bits = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::uint32_t m = word_may_pass<Traits>(words[i] ^ sign_flip, bound);
+      if constexpr (Traits::kBits == 32) {
+        bits |= m << i;
+      } else {  // one 0xFFFF lane mask per element: keep bit 0 and bit 16
+        bits |= ((m & 1u) | ((m >> 15) & 2u)) << (2 * i);
+      }
+    }
+    return bits;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -96,22 +161,17 @@ struct FilterEngine {
   std::uint32_t limit;       // survivors + newcomers that trigger a select
   ScoreParams sp;
   std::uint32_t threshold = kExcludedScore;  // admit only scores above it
-  // Prefilter: v may beat the threshold iff !(v * direction < bound * direction), which is
-  // !(v < B) when largest and !(v > B) when smallest, and true for NaN; folding the
-  // direction into both sides leaves one multiply and one comparison an element.
-  float direction = 1.0f;
-  float scaled_bound = 0.0f;
+  Prefilter<Traits> pre;
   std::uint32_t parity = 0;
 
   __device__ void set_threshold(std::uint32_t t) {
     threshold = t;
-    direction = sp.flip == 0 ? 1.0f : -1.0f;
-    scaled_bound = direction * to_float<Traits>(prefilter_bound_bits<Traits>(t, sp));
+    pre.set(t, sp);
   }
 
-  /// Whether an element may beat the threshold, by one float comparison (NaN always may).
-  __device__ __forceinline__ bool may_pass(std::uint32_t bits) const {
-    return !(to_float<Traits>(bits) * direction < scaled_bound);
+  /// Exact admission test of one element.
+  __device__ __forceinline__ bool admits(std::uint32_t bits) const {
+    return score_of<Traits>(bits, sp) > threshold;
   }
 
   /// Keeps the best k of survivors ++ newcomers and raises the threshold.
@@ -129,6 +189,10 @@ struct FilterEngine {
   /// bit is set in mask[u], with key key_of(u, j) and column col_of(u, j) (computed only for
   /// winners, which keeps them out of registers). Groups are ordered u-major then by thread,
   /// which is column order. Every thread calls it once per round.
+  ///
+  /// Warps publish their packed totals before the round's one barrier; a round without a
+  /// winner anywhere in the block ends there. Otherwise every thread adds up the totals (the
+  /// running count stays uniform in registers) and only threads with winners write.
   template <int kU, int kV, class KeyFn, class ColFn>
   __device__ __forceinline__ void append(const std::uint32_t (&mask)[kU], KeyFn key_of,
                                          ColFn col_of) {
@@ -144,10 +208,11 @@ struct FilterEngine {
       hits[u / 2] |= static_cast<std::uint32_t>(__popc(mask[u])) << (16 * (u % 2));
       any |= mask[u];
     }
-    const bool warp_has_hits = __any_sync(0xFFFFFFFFu, any != 0);
-    std::uint32_t inclusive[kWords];
+    std::uint32_t inclusive[kWords] = {};
+    if (__any_sync(0xFFFFFFFFu, any != 0)) {
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) inclusive[w] = warp_has_hits ? warp_inclusive_sum(hits[w]) : 0u;
+      for (int w = 0; w < kWords; ++w) inclusive[w] = warp_inclusive_sum(hits[w]);
+    }
     std::uint32_t* slot = warp_hits + parity * (kMaxWords * 32);
     if (lane == kWarpSize - 1) {
 #pragma unroll
@@ -171,22 +236,43 @@ struct FilterEngine {
 #pragma unroll
       for (int h = 0; h < 2 && 2 * w + h < kU; ++h) {
         const int u = 2 * w + h;
-        if (mask[u] != 0) {
-          std::uint32_t pos = base + ((exclusive >> (16 * h)) & 0xFFFFu);
-#pragma unroll
-          for (int j = 0; j < kV; ++j) {
-            if (mask[u] & (1u << j)) {
-              newcomers.key[pos] = key_of(u, j);
-              newcomers.col[pos] = col_of(u, j);
-              ++pos;
-            }
-          }
+        std::uint32_t m = mask[u];
+        std::uint32_t pos = base + ((exclusive >> (16 * h)) & 0xFFFFu);
+        while (m != 0) {
+          const int j = __ffs(m) - 1;
+          m &= m - 1;
+          newcomers.key[pos] = key_of(u, j);
+          newcomers.col[pos] = col_of(u, j);
+          ++pos;
         }
         base += (total >> (16 * h)) & 0xFFFFu;
       }
     }
     newcomers.n = base;
     if (survivors.n + newcomers.n >= limit) select();
+  }
+
+  /// Appends every element of a full round, for rounds that start below every score (before
+  /// the first select) when no score can be excluded (nan != "ignore"): positions follow from
+  /// the thread index alone, so no count is exchanged and no barrier is needed here.
+  template <int kU, int kV, class KeyFn, class ColFn>
+  __device__ __forceinline__ void append_all(KeyFn key_of, ColFn col_of) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const std::uint32_t pos = newcomers.n + (u * kThreads + threadIdx.x) * kV;
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        newcomers.key[pos + j] = key_of(u, j);
+        newcomers.col[pos + j] = col_of(u, j);
+      }
+    }
+    newcomers.n += kU * kThreads * kV;
+    if (survivors.n + newcomers.n >= limit) select();
+  }
+
+  /// Whether a round may take append_all.
+  __device__ __forceinline__ bool admits_everything() const {
+    return threshold == kExcludedScore && sp.nan_score != kExcludedScore;
   }
 
   /// Leaves the best min(k, candidates) in `survivors` (sorted best first for sorted="value",
@@ -211,36 +297,30 @@ struct FilterEngine {
   }
 };
 
-/// Filters one round, bits[u][j] being the element at column col0[u] + j (real when
-/// j < valid[u], or always when kFull), and appends its newcomers.
-template <bool kFull, int kU, int kVec, class Traits, int kThreads>
-__device__ __forceinline__ void filter_round(FilterEngine<Traits, kThreads>& e,
-                                             const std::uint32_t (&bits)[kU][kVec],
-                                             const std::uint32_t (&col0)[kU],
-                                             const int (&valid)[kU], bool track_nan,
-                                             bool& any_nan) {
+/// Filters a partial round, element j of vecs[u] being the one at column col0[u] + j (real
+/// when j < valid[u]), and appends its newcomers. Full rounds take the prefilter path in
+/// stream_row instead.
+template <int kU, int kVec, class Traits, int kThreads>
+__device__ __forceinline__ void filter_partial_round(FilterEngine<Traits, kThreads>& e,
+                                                     const uint4 (&vecs)[kU],
+                                                     const std::uint32_t (&col0)[kU],
+                                                     const int (&valid)[kU], bool track_nan,
+                                                     bool& any_nan) {
   std::uint32_t mask[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     mask[u] = 0;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      if (kFull || j < valid[u]) {
-        if (track_nan) any_nan |= is_nan_bits<Traits>(bits[u][j]);
-        mask[u] |= e.may_pass(bits[u][j]) ? 1u << j : 0u;
-      }
-    }
-    if (mask[u] != 0) {  // rare once the threshold has risen: exact scores
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if ((mask[u] & (1u << j)) && score_of<Traits>(bits[u][j], e.sp) <= e.threshold) {
-          mask[u] &= ~(1u << j);
-        }
+      const std::uint32_t bits = vector_element<kVec>(vecs[u], j);
+      if (j < valid[u]) {
+        if (track_nan) any_nan |= is_nan_bits<Traits>(bits);
+        mask[u] |= e.admits(bits) ? 1u << j : 0u;
       }
     }
   }
   e.template append<kU, kVec>(
-      mask, [&](int u, int j) { return score_of<Traits>(bits[u][j], e.sp); },
+      mask, [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(vecs[u], j), e.sp); },
       [&](int u, int j) { return col0[u] + static_cast<std::uint32_t>(j); });
 }
 
@@ -257,24 +337,17 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   const int tid = threadIdx.x;
   bool any_nan = false;
 
-  auto unpack = [&](const uint4& v, std::uint32_t (&out)[kVec]) {
-    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      out[j] = kVec == 4 ? w[j] : (w[j / 2] >> (16 * (j % 2))) & 0xFFFFu;  // little endian
-    }
-  };
-
   // One scalar element per thread: the head (< kVec elements) and the last scalars.
   auto scalar_round = [&](std::int64_t first, std::int64_t n) {
-    std::uint32_t bits[kU][kVec] = {}, col0[kU] = {};
+    uint4 vecs[kU] = {};
+    std::uint32_t col0[kU] = {};
     int valid[kU] = {};
     if (tid < n) {
-      bits[0][0] = row[first + tid];
+      vecs[0].x = row[first + tid];
       col0[0] = static_cast<std::uint32_t>(first + tid);
       valid[0] = 1;
     }
-    filter_round<false>(e, bits, col0, valid, track_nan, any_nan);
+    filter_partial_round<kU, kVec>(e, vecs, col0, valid, track_nan, any_nan);
   };
 
   const auto addr = reinterpret_cast<std::uintptr_t>(row + lo);
@@ -302,18 +375,53 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
     for (int q = 0; q < kPrefetch; ++q) {
       const std::int64_t r = r0 + q;
       if (r < rounds) {  // uniform across the block
-        std::uint32_t bits[kU][kVec], col0[kU];
-        int valid[kU];
+        uint4 cur[kU];
+        bool any = false;
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-          unpack(buf[q][u], bits[u]);
-          col0[u] = static_cast<std::uint32_t>(a0 + ((r * kU + u) * kThreads + tid) * kVec);
-          valid[u] = kVec;
+          cur[u] = buf[q][u];
+          any |= e.pre.vector_may_pass(cur[u]);
           if (r + kPrefetch < rounds) {
             buf[q][u] = __ldg(vec + ((r + kPrefetch) * kU + u) * kThreads + tid);
           }
         }
-        filter_round<true>(e, bits, col0, valid, track_nan, any_nan);
+        auto col_of = [&](int u, int j) {
+          return static_cast<std::uint32_t>(a0 + ((r * kU + u) * kThreads + tid) * kVec + j);
+        };
+        if (e.admits_everything()) {  // uniform: the rounds before the first select
+          if (track_nan) {
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) any_nan |= is_nan_bits<Traits>(vector_element<kVec>(cur[u], j));
+            }
+          }
+          e.template append_all<kU, kVec>(
+              [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp); },
+              col_of);
+          continue;
+        }
+        // Exact scores only where the prefilter let something through: after the first
+        // rounds a thread rarely holds a newcomer.
+        std::uint32_t mask[kU] = {};
+        if (any) {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            // Only the elements the prefilter let through; every NaN is among them.
+            std::uint32_t maybe = e.pre.vector_may_pass_bits(cur[u]);
+            while (maybe != 0) {
+              const int j = __ffs(maybe) - 1;
+              maybe &= maybe - 1;
+              const std::uint32_t bits = vector_element<kVec>(cur[u], j);
+              if (track_nan) any_nan |= is_nan_bits<Traits>(bits);
+              mask[u] |= e.admits(bits) ? 1u << j : 0u;
+            }
+          }
+        }
+        e.template append<kU, kVec>(
+            mask,
+            [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp); },
+            col_of);
       }
     }
   }
@@ -321,18 +429,19 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   // Leftover vectors (fewer than a round), in the same group layout.
   const std::int64_t rest0 = rounds * per_round;
   if (rest0 < vectors) {
-    std::uint32_t bits[kU][kVec] = {}, col0[kU] = {};
+    uint4 vecs[kU] = {};
+    std::uint32_t col0[kU] = {};
     int valid[kU] = {};
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const std::int64_t v = rest0 + static_cast<std::int64_t>(u) * kThreads + tid;
       if (v < vectors) {
-        unpack(__ldg(vec + v), bits[u]);
+        vecs[u] = __ldg(vec + v);
         col0[u] = static_cast<std::uint32_t>(a0 + v * kVec);
         valid[u] = kVec;
       }
     }
-    filter_round<false>(e, bits, col0, valid, track_nan, any_nan);
+    filter_partial_round<kU, kVec>(e, vecs, col0, valid, track_nan, any_nan);
   }
   const std::int64_t rest = (hi - a0) - vectors * kVec;  // < kVec
   if (rest > 0) scalar_round(a0 + vectors * kVec, rest);
@@ -434,18 +543,19 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
   const uint4* cols = reinterpret_cast<const uint4*>(p.slice_col + b * pairs);
   const std::int64_t vectors = pairs / 4;
   for (std::int64_t v0 = 0; v0 < vectors; v0 += kThreads) {
-    std::uint32_t mask[1] = {0}, key[4] = {}, col[4] = {};
+    std::uint32_t mask[1] = {0};
+    uint4 kv{}, cv{};
     const std::int64_t v = v0 + threadIdx.x;
     if (v < vectors) {
-      const uint4 kv = keys[v], cv = cols[v];
-      key[0] = kv.x, key[1] = kv.y, key[2] = kv.z, key[3] = kv.w;
-      col[0] = cv.x, col[1] = cv.y, col[2] = cv.z, col[3] = cv.w;
+      kv = keys[v];
+      cv = cols[v];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mask[0] |= key[j] > e.threshold ? 1u << j : 0u;
+      for (int j = 0; j < 4; ++j) mask[0] |= vector_word(kv, j) > e.threshold ? 1u << j : 0u;
     }
     // Empty slots carry key 0, which never beats the threshold.
     e.template append<1, 4>(
-        mask, [&](int, int j) { return key[j]; }, [&](int, int j) { return col[j]; });
+        mask, [&](int, int j) { return vector_word(kv, j); },
+        [&](int, int j) { return vector_word(cv, j); });
   }
   write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
 }

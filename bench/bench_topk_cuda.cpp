@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+// C++ timing of attnkit::topk on CUDA with no Python in the loop, for quick kernel iterations
+// and for profilers (ncu/nsys see only the top-k kernels and an L2-flushing memset).
+//
+// Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [CASE ...]
+//   CASE = dtype:B:N:k[:causal]   dtype in {bf16, f16, f32}; causal makes end[b] rise to N
+// Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
+// Method: one call captured in a CUDA graph, replayed R times, each replay timed with events
+// after a 256 MiB memset that flushes L2; the median is printed with the effective bandwidth
+// (valid input bytes read once + output bytes) / time. Inputs are N(0,1) rows.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnkit/attnkit.hpp"
+#include "common/float_bits.hpp"
+
+namespace {
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Case {
+  attnkit::DType dtype;
+  std::int64_t batch, n, k;
+  bool causal;
+};
+
+bool parse_case(const std::string& s, Case& c) {
+  char dt[8] = {};
+  long long b = 0, n = 0, k = 0;
+  char tail[16] = {};
+  const int got = std::sscanf(s.c_str(), "%7[^:]:%lld:%lld:%lld:%15s", dt, &b, &n, &k, tail);
+  if (got < 4) return false;
+  const std::string d = dt;
+  if (d == "bf16") c.dtype = attnkit::DType::kBFloat16;
+  else if (d == "f16") c.dtype = attnkit::DType::kFloat16;
+  else if (d == "f32") c.dtype = attnkit::DType::kFloat32;
+  else return false;
+  c.batch = b, c.n = n, c.k = k;
+  c.causal = got == 5 && std::string(tail) == "causal";
+  return b > 0 && n > 0 && k >= 0;
+}
+
+std::vector<Case> default_cases() {
+  using attnkit::DType;
+  std::vector<Case> out;
+  for (std::int64_t k : {512, 2048}) {
+    for (auto [b, n] : {std::pair<std::int64_t, std::int64_t>{1, 131072}, {8, 131072}, {1, 1048576},
+                        {256, 65536}, {256, 131072}, {256, 1048576}, {4096, 8192}}) {
+      out.push_back({DType::kBFloat16, b, n, k, false});
+    }
+    out.push_back({DType::kBFloat16, 4096, 8192, k, true});
+  }
+  for (std::int64_t k : {1, 50, 1024, 4096}) {
+    for (std::int64_t b : {1, 256}) out.push_back({DType::kFloat32, b, 129280, k, false});
+  }
+  return out;
+}
+
+const char* short_name(attnkit::DType d) {
+  return d == attnkit::DType::kBFloat16 ? "bf16" : d == attnkit::DType::kFloat16 ? "f16" : "f32";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  bool values = true;
+  std::vector<Case> list;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--values" && i + 1 < argc) {
+      values = std::atoi(argv[++i]) != 0;
+    } else {
+      Case c{};
+      if (!parse_case(a, c)) {
+        std::fprintf(stderr, "bad case '%s' (want dtype:B:N:k[:causal])\n", a.c_str());
+        return 2;
+      }
+      list.push_back(c);
+    }
+  }
+  if (list.empty()) list = default_cases();
+
+  const std::size_t flush_bytes = std::size_t{256} << 20;
+  void* flush = nullptr;
+  cuda_ok(cudaMalloc(&flush, flush_bytes), "cudaMalloc(flush)");
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaEvent_t t0, t1;
+  cuda_ok(cudaEventCreate(&t0), "cudaEventCreate");
+  cuda_ok(cudaEventCreate(&t1), "cudaEventCreate");
+  const attnkit::Device gpu{attnkit::DeviceType::kCUDA, 0};
+
+  std::printf("%-5s %6s %8s %5s %-6s %-6s %10s %8s\n", "dtype", "B", "N", "k", "causal", "values",
+              "us", "TB/s");
+  for (const Case& c : list) {
+    const std::size_t elem = attnkit::dtype_size(c.dtype);
+    std::vector<std::uint8_t> host(static_cast<std::size_t>(c.batch * c.n) * elem);
+    std::mt19937_64 rng(42);
+    std::normal_distribution<float> normal;
+    for (std::size_t i = 0; i < host.size() / elem; ++i) {
+      const float v = normal(rng);
+      if (elem == 4) {
+        const std::uint32_t bits = attnkit::detail::float_to_bits(v);
+        std::copy_n(reinterpret_cast<const std::uint8_t*>(&bits), 4, &host[i * 4]);
+      } else {
+        const std::uint16_t bits = static_cast<std::uint16_t>(
+            c.dtype == attnkit::DType::kBFloat16 ? attnkit::detail::float_to_bf16_bits(v)
+                                                 : attnkit::detail::float_to_f16_bits(v));
+        std::copy_n(reinterpret_cast<const std::uint8_t*>(&bits), 2, &host[i * 2]);
+      }
+    }
+    std::vector<std::int32_t> ends(static_cast<std::size_t>(c.batch));
+    std::int64_t valid = 0;
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+      ends[b] = static_cast<std::int32_t>(c.causal ? (c.n * (b + 1) + c.batch - 1) / c.batch : c.n);
+      valid += ends[b];
+    }
+    void *x = nullptr, *vals = nullptr, *idx = nullptr, *end = nullptr, *ws = nullptr;
+    const std::int64_t kk = std::max<std::int64_t>(c.k, 1);
+    cuda_ok(cudaMalloc(&x, host.size()), "cudaMalloc(x)");
+    cuda_ok(cudaMalloc(&vals, static_cast<std::size_t>(c.batch * kk) * elem), "cudaMalloc(values)");
+    cuda_ok(cudaMalloc(&idx, static_cast<std::size_t>(c.batch * kk) * 4), "cudaMalloc(indices)");
+    cuda_ok(cudaMalloc(&end, ends.size() * 4), "cudaMalloc(end)");
+    cuda_ok(cudaMemcpy(x, host.data(), host.size(), cudaMemcpyHostToDevice), "copy x");
+    cuda_ok(cudaMemcpy(end, ends.data(), ends.size() * 4, cudaMemcpyHostToDevice), "copy end");
+
+    attnkit::TopkTensors t;
+    t.x = attnkit::TensorView::make(x, c.dtype, gpu, {c.batch, c.n});
+    if (c.causal) t.end = attnkit::TensorView::make(end, attnkit::DType::kInt32, gpu, {c.batch});
+    if (values) t.out_values = attnkit::TensorView::make(vals, c.dtype, gpu, {c.batch, c.k});
+    t.out_indices = attnkit::TensorView::make(idx, attnkit::DType::kInt32, gpu, {c.batch, c.k});
+    attnkit::TopkOptions o;
+    o.k = c.k;
+    std::size_t ws_bytes = attnkit::topk_workspace_size(t, o);
+    cuda_ok(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)), "cudaMalloc(workspace)");
+
+    attnkit::topk(ws, ws_bytes, t, o, stream);  // warm-up, outside the graph
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    attnkit::topk(ws, ws_bytes, t, o, stream);
+    cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    std::vector<float> us;
+    for (int r = 0; r < reps; ++r) {
+      cuda_ok(cudaMemsetAsync(flush, r & 0xFF, flush_bytes, stream), "flush");
+      cuda_ok(cudaEventRecord(t0, stream), "record");
+      cuda_ok(cudaGraphLaunch(exec, stream), "replay");
+      cuda_ok(cudaEventRecord(t1, stream), "record");
+      cuda_ok(cudaEventSynchronize(t1), "sync");
+      float ms = 0;
+      cuda_ok(cudaEventElapsedTime(&ms, t0, t1), "elapsed");
+      us.push_back(ms * 1000.0f);
+    }
+    std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+    const double med = us[us.size() / 2];
+    const double bytes = static_cast<double>(valid * static_cast<std::int64_t>(elem)) +
+                         static_cast<double>(c.batch * c.k * (4 + (values ? static_cast<std::int64_t>(elem) : 0)));
+    std::printf("%-5s %6lld %8lld %5lld %-6s %-6s %10.2f %8.3f\n", short_name(c.dtype),
+                static_cast<long long>(c.batch), static_cast<long long>(c.n),
+                static_cast<long long>(c.k), c.causal ? "yes" : "no", values ? "yes" : "no", med,
+                bytes / med / 1e6);
+    std::fflush(stdout);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    for (void* p : {x, vals, idx, end, ws}) cudaFree(p);
+  }
+  return 0;
+}
