@@ -12,7 +12,8 @@
 # The C++ test binary is built here with CMake unless a prebuilt one is given in
 # ATTNKIT_CUDA_TESTS (it is host code over the CUDA runtime, linked statically, so a binary
 # built on another x86-64 Linux machine with an older glibc runs here). GoogleTest comes from
-# the system or from ATTNKIT_GTEST_SOURCE_DIR.
+# the system or from ATTNKIT_GTEST_SOURCE_DIR. BENCH_REPEATS sets the benchmark's repeats
+# per case (default 20).
 set -uo pipefail
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/attnkit-gpu-check}
@@ -78,7 +79,7 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
   step "compute-sanitizer memcheck" "$SAN_LOG" compute-sanitizer --tool memcheck --error-exitcode 3 \
     "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
   step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*' --gtest_brief=1
+    "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*' --gtest_brief=1
 fi
 
 if [ "$MODE" = quick ] && command -v ncu > /dev/null; then
@@ -93,7 +94,7 @@ if [ "$MODE" = check ]; then
   cat "$SUMMARY"
   exit $status
 fi
-quick=()
+quick=(--repeats "${BENCH_REPEATS:-20}")
 [ "$MODE" = quick ] && quick=(--quick --repeats 10)
 step "benchmark" "$OUT/bench.log" python3 bench/bench_topk.py "${quick[@]}" \
   --json "$OUT/bench_topk.json" --markdown "$OUT/bench_topk.md"

@@ -378,6 +378,31 @@ TEST_F(TopkCuda, SmallDistributions) {
   }
 }
 
+// k = 1 takes the argmax kernel; rows this long are cut into slices whose bests a second
+// kernel reduces, so ties across slices, all-NaN rows and empty slices all cross that merge.
+TEST_F(TopkCuda, SmallArgmaxSlices) {
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  for (int d = 0; d < 11; ++d) {
+    for (int variant = 0; variant < 2; ++variant) {
+      Case c;
+      c.dtype = dtypes[(d + variant) % 3];
+      c.dist = static_cast<Dist>(d);
+      c.batch = 2 + variant;
+      c.n = 40000 + 7 * d;
+      c.k = 1;
+      c.largest = (d + variant) % 2 == 0;
+      c.nan = variant == 1 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+      c.ragged = variant == 1;
+      c.offset = d % 2 == 1;
+      c.int32_indices = d % 3 == 0;
+      c.misalign = d % 4;
+      c.pad = d;
+      c.seed = 3000 + static_cast<std::uint64_t>(2 * d + variant);
+      check_case(c);
+    }
+  }
+}
+
 TEST_F(TopkCuda, SmallKBeyondRowsAndEmpty) {
   for (std::int64_t n : {0, 1, 3, 17}) {
     for (std::int64_t k : {1, 5, 20, 5000}) {
@@ -547,6 +572,30 @@ TEST_F(TopkCuda, SmallNanRaise) {
   cudaFree(dx);
   cudaFree(di);
   cudaFree(de);
+}
+
+TEST_F(TopkCuda, SmallNanRaiseArgmax) {
+  // k = 1 (the argmax kernel), one row long enough to be cut into slices.
+  std::vector<float> x(100000, 1.0f);
+  x[77777] = NAN;
+  float* dx = device_copy(x);
+  std::int32_t* di = nullptr;
+  cudaMalloc(&di, sizeof(std::int32_t));
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(dx, DType::kFloat32, kGpu, {1, 100000});
+  t.out_indices = TensorView::make(di, DType::kInt32, kGpu, {1, 1});
+  attnkit::TopkOptions o;
+  o.k = 1;
+  o.nan = attnkit::NanPolicy::kRaise;
+  EXPECT_THROW(attnkit::topk(t, o), attnkit::Error);
+  x[77777] = 2.0f;
+  cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
+  EXPECT_NO_THROW(attnkit::topk(t, o));
+  std::int32_t got = -1;
+  cudaMemcpy(&got, di, sizeof got, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(got, 77777);
+  cudaFree(dx);
+  cudaFree(di);
 }
 
 TEST_F(TopkCuda, SmallCheckOnRejectsBadEnd) {
