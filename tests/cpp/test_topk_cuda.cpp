@@ -378,6 +378,30 @@ TEST_F(TopkCuda, SmallDistributions) {
   }
 }
 
+// Rows longer than the register-resident short-row kernel (8192): the filter kernel's rounds,
+// appends and repeated selects, on every distribution.
+TEST_F(TopkCuda, SmallDistributionsLongRows) {
+  std::uint64_t seed = 4000;
+  for (int d = 0; d < 11; ++d) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      for (std::int64_t k : {5, 300, 2048}) {
+        Case c;
+        c.dtype = dtype;
+        c.largest = seed % 2 == 0;
+        c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+        c.dist = static_cast<Dist>(d);
+        c.batch = 3;
+        c.n = 20000 + static_cast<std::int64_t>(seed % 5);
+        c.k = k;
+        c.order = k == 300 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
+        c.misalign = static_cast<std::int64_t>(seed % 3);
+        c.seed = seed++;
+        check_case(c);
+      }
+    }
+  }
+}
+
 // k = 1 takes the argmax kernel; rows this long are cut into slices whose bests a second
 // kernel reduces, so ties across slices, all-NaN rows and empty slices all cross that merge.
 TEST_F(TopkCuda, SmallArgmaxSlices) {

@@ -125,6 +125,10 @@ Launch make_launch(const TopkProblem& p) {
     const std::int64_t want = 4 * static_cast<std::int64_t>(sms) / p.batch;
     const std::int64_t by_length = p.row_len / cuda::kArgmaxMinSlice;
     plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min(want, by_length), 1, 64));
+  } else if (p.row_len <= cuda::kShortMaxLen) {
+    // Rows that fit the registers of one CTA: one select, no rounds.
+    plan.path = TopkPath::kShort;
+    plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
   } else {
     // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory.
     const cuda::BufferPlan narrow =
@@ -242,6 +246,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
                static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
                static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix    ? "radix"
                : l.plan.path == TopkPath::kArgmax ? "argmax"
+               : l.plan.path == TopkPath::kShort  ? "short"
                                                   : "filter",
                l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.rows.limit,
                l.plan.rows.smem());

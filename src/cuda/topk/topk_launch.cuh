@@ -14,6 +14,7 @@
 #include "cuda/topk/kernels/topk_argmax.cuh"
 #include "cuda/topk/kernels/topk_filter.cuh"
 #include "cuda/topk/kernels/topk_radix.cuh"
+#include "cuda/topk/kernels/topk_short.cuh"
 #include "cuda/topk/topk_params.cuh"
 
 namespace attnkit::detail::cuda {
@@ -49,6 +50,10 @@ constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxUnroll = 8;
 // Elements a k = 1 slice streams at least, when rows are cut for small batches.
 constexpr std::int64_t kArgmaxMinSlice = 4096;
+// The short-row path: rows of up to 8192 elements held in registers, 32 per thread.
+constexpr int kShortThreads = 256;
+constexpr int kShortPerThread = 32;
+constexpr std::int64_t kShortMaxLen = kShortThreads * kShortPerThread;
 // Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
 // Dynamic shared memory a CTA may take: 227 KB less the static part (per-warp histograms,
@@ -99,7 +104,7 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 // Plan
 // ---------------------------------------------------------------------------------------------
 
-enum class TopkPath { kFilter, kRadix, kArgmax };
+enum class TopkPath { kFilter, kRadix, kArgmax, kShort };
 
 struct TopkPlan {
   TopkPath path = TopkPath::kFilter;
@@ -154,6 +159,13 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     return;
   }
   TopkKernelParams p = params;
+  if (plan.path == TopkPath::kShort) {
+    p.survivor_slots = plan.rows.survivor_slots;
+    const std::size_t smem = 2 * sizeof(std::uint32_t) * plan.rows.survivor_slots;  // keys, columns
+    launch(topk_short_rows_kernel<Traits, kShortThreads, kShortPerThread>, plan.batch,
+           kShortThreads, smem, stream, p, "topk_short_rows_kernel");
+    return;
+  }
   if (plan.path == TopkPath::kArgmax) {
     launch(topk_argmax_kernel<Traits, kArgmaxThreads, kArgmaxUnroll>, plan.batch * plan.slices,
            kArgmaxThreads, 0, stream, p, "topk_argmax_kernel");
