@@ -56,93 +56,86 @@ void check_with_property(CaseChecker& check, const TopkCase& c, Property&& prope
   property(in, out);
 }
 
-TEST(TopkFpSpecials, NanLargestRanksAboveInfinity) {
-  CaseChecker check;
-  std::uint64_t seed = 1;
+/// The cases of one property sweep: every dtype, each of `dists`, every size of kSizes, every
+/// k of ks_for, both directions and each of `orders`; batch 2, seeds counting up from `seed`.
+std::vector<TopkCase> sweep_cases(std::uint64_t seed, std::initializer_list<Dist> dists,
+                                  std::initializer_list<TopkOrder> orders = {TopkOrder::kValue}) {
+  std::vector<TopkCase> cases;
   for (DType dtype : kFloatDTypes) {
-    for (Dist dist : {Dist::kWithNan, Dist::kMostlyNan, Dist::kRawBits}) {
+    for (Dist dist : dists) {
       for (std::int64_t n : kSizes) {
         for (std::int64_t k : ks_for(n)) {
           for (bool largest : {true, false}) {
-            TopkCase c;
-            c.dtype = dtype;
-            c.dist = dist;
-            c.seed = seed++;
-            c.batch = 2;
-            c.n = n;
-            c.k = k;
-            c.largest = largest;
-            c.sorted = TopkOrder::kValue;
-            c.nan = NanPolicy::kLargest;
-            check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
-              for (std::int64_t b = 0; b < c.batch; ++b) {
-                std::int64_t nans = 0;
-                for (std::int64_t col = 0; col < n; ++col) nans += is_nan(dtype, in.bits(b, col));
-                const Selection s = selection(c, out, b);
-                ASSERT_EQ(static_cast<std::int64_t>(s.cols.size()), std::min(k, n)) << "row " << b;
-                // Largest: the NaNs come first. Smallest: NaN is the last choice, after +inf.
-                const std::int64_t want =
-                    largest ? std::min(k, nans)
-                            : std::max<std::int64_t>(0, std::min(k, n) - (n - nans));
-                std::int64_t got = 0;
-                for (std::uint32_t bits : s.bits) got += is_nan(dtype, bits);
-                EXPECT_EQ(got, want) << "row " << b << ": NaNs selected";
-                const std::size_t first_nan =
-                    largest ? 0 : static_cast<std::size_t>(std::min(k, n) - want);
-                for (std::size_t j = first_nan; j < first_nan + static_cast<std::size_t>(want);
-                     ++j) {
-                  EXPECT_TRUE(is_nan(dtype, s.bits[j])) << "row " << b << " slot " << j;
-                }
-              }
-            });
+            for (TopkOrder sorted : orders) {
+              TopkCase c;
+              c.dtype = dtype;
+              c.dist = dist;
+              c.seed = seed++;
+              c.batch = 2;
+              c.n = n;
+              c.k = k;
+              c.largest = largest;
+              c.sorted = sorted;
+              cases.push_back(c);
+            }
           }
         }
       }
     }
+  }
+  return cases;
+}
+
+TEST(TopkFpSpecials, NanLargestRanksAboveInfinity) {
+  CaseChecker check;
+  for (TopkCase c : sweep_cases(1, {Dist::kWithNan, Dist::kMostlyNan, Dist::kRawBits})) {
+    c.nan = NanPolicy::kLargest;
+    check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        std::int64_t nans = 0;
+        for (std::int64_t col = 0; col < c.n; ++col) nans += is_nan(c.dtype, in.bits(b, col));
+        const Selection s = selection(c, out, b);
+        ASSERT_EQ(static_cast<std::int64_t>(s.cols.size()), std::min(c.k, c.n)) << "row " << b;
+        // Largest: the NaNs come first. Smallest: NaN is the last choice, after +inf.
+        const std::int64_t want =
+            c.largest ? std::min(c.k, nans)
+                    : std::max<std::int64_t>(0, std::min(c.k, c.n) - (c.n - nans));
+        std::int64_t got = 0;
+        for (std::uint32_t bits : s.bits) got += is_nan(c.dtype, bits);
+        EXPECT_EQ(got, want) << "row " << b << ": NaNs selected";
+        const std::size_t first_nan =
+            c.largest ? 0 : static_cast<std::size_t>(std::min(c.k, c.n) - want);
+        for (std::size_t j = first_nan; j < first_nan + static_cast<std::size_t>(want);
+             ++j) {
+          EXPECT_TRUE(is_nan(c.dtype, s.bits[j])) << "row " << b << " slot " << j;
+        }
+      }
+    });
   }
 }
 
 TEST(TopkFpSpecials, NanIgnoreNeverSelectsNan) {
   CaseChecker check;
-  std::uint64_t seed = 1000;
-  for (DType dtype : kFloatDTypes) {
-    for (Dist dist : {Dist::kWithNan, Dist::kMostlyNan, Dist::kRawBits}) {
-      for (std::int64_t n : kSizes) {
-        for (std::int64_t k : ks_for(n)) {
-          for (bool largest : {true, false}) {
-            TopkCase c;
-            c.dtype = dtype;
-            c.dist = dist;
-            c.seed = seed++;
-            c.batch = 2;
-            c.n = n;
-            c.k = k;
-            c.largest = largest;
-            c.sorted = kAllOrders[seed % 3];
-            c.nan = NanPolicy::kIgnore;
-            check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
-              for (std::int64_t b = 0; b < c.batch; ++b) {
-                std::int64_t numbers = 0;
-                for (std::int64_t col = 0; col < n; ++col)
-                  numbers += !is_nan(dtype, in.bits(b, col));
-                const Selection s = selection(c, out, b);
-                // The row pads instead of taking a NaN.
-                EXPECT_EQ(static_cast<std::int64_t>(s.cols.size()), std::min(k, numbers))
-                    << "row " << b;
-                for (std::size_t j = 0; j < s.bits.size(); ++j) {
-                  EXPECT_FALSE(is_nan(dtype, s.bits[j])) << "row " << b << " slot " << j;
-                }
-              }
-            });
-          }
+  for (TopkCase c : sweep_cases(1000, {Dist::kWithNan, Dist::kMostlyNan, Dist::kRawBits})) {
+    c.sorted = kAllOrders[(c.seed + 1) % 3];
+    c.nan = NanPolicy::kIgnore;
+    check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        std::int64_t numbers = 0;
+        for (std::int64_t col = 0; col < c.n; ++col)
+          numbers += !is_nan(c.dtype, in.bits(b, col));
+        const Selection s = selection(c, out, b);
+        // The row pads instead of taking a NaN.
+        EXPECT_EQ(static_cast<std::int64_t>(s.cols.size()), std::min(c.k, numbers))
+            << "row " << b;
+        for (std::size_t j = 0; j < s.bits.size(); ++j) {
+          EXPECT_FALSE(is_nan(c.dtype, s.bits[j])) << "row " << b << " slot " << j;
         }
       }
-    }
+    });
   }
 }
 
-/// nan = raise: refused when a valid range holds a NaN, the NaN-free answer otherwise (the
-/// reference decides which per case: generated ranges include and exclude the planted NaNs).
 TEST(TopkFpSpecials, NanRaise) {
   CaseChecker check;
   std::uint64_t seed = 2000;
@@ -175,134 +168,83 @@ TEST(TopkFpSpecials, NanRaise) {
 
 TEST(TopkFpSpecials, InfinitiesAreOrdinaryValues) {
   CaseChecker check;
-  std::uint64_t seed = 3000;
-  for (DType dtype : kFloatDTypes) {
-    for (std::int64_t n : kSizes) {
-      for (std::int64_t k : ks_for(n)) {
-        for (bool largest : {true, false}) {
-          TopkCase c;
-          c.dtype = dtype;
-          c.dist = Dist::kWithInf;
-          c.seed = seed++;
-          c.batch = 2;
-          c.n = n;
-          c.k = k;
-          c.largest = largest;
-          c.sorted = TopkOrder::kValue;
-          check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
-            const std::uint32_t best = inf_bits(dtype, !largest);
-            for (std::int64_t b = 0; b < c.batch; ++b) {
-              std::int64_t infs = 0;
-              for (std::int64_t col = 0; col < n; ++col) infs += in.bits(b, col) == best;
-              const Selection s = selection(c, out, b);
-              // The infinity on the preferred side fills the first slots, lowest column first.
-              const std::int64_t lead = std::min(k, infs);
-              for (std::int64_t j = 0; j < lead; ++j) {
-                const auto ji = static_cast<std::size_t>(j);
-                EXPECT_EQ(s.bits[ji], best) << "row " << b << " slot " << j;
-                if (j > 0) {
-                  EXPECT_LT(s.cols[ji - 1], s.cols[ji]) << "row " << b << " slot " << j;
-                }
-              }
-            }
-          });
+  for (TopkCase c : sweep_cases(3000, {Dist::kWithInf})) {
+    check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+      const std::uint32_t best = inf_bits(c.dtype, !c.largest);
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        std::int64_t infs = 0;
+        for (std::int64_t col = 0; col < c.n; ++col) infs += in.bits(b, col) == best;
+        const Selection s = selection(c, out, b);
+        // The infinity on the preferred side fills the first slots, lowest column first.
+        const std::int64_t lead = std::min(c.k, infs);
+        for (std::int64_t j = 0; j < lead; ++j) {
+          const auto ji = static_cast<std::size_t>(j);
+          EXPECT_EQ(s.bits[ji], best) << "row " << b << " slot " << j;
+          if (j > 0) {
+            EXPECT_LT(s.cols[ji - 1], s.cols[ji]) << "row " << b << " slot " << j;
+          }
         }
       }
-    }
+    });
   }
 }
 
 TEST(TopkFpSpecials, SignedZerosAreEqualAndKeepTheirSign) {
   CaseChecker check;
-  std::uint64_t seed = 4000;
-  for (DType dtype : kFloatDTypes) {
-    for (std::int64_t n : kSizes) {
-      for (std::int64_t k : ks_for(n)) {
-        for (bool largest : {true, false}) {
-          for (TopkOrder sorted : kAllOrders) {
-            TopkCase c;
-            c.dtype = dtype;
-            c.dist = Dist::kSignedZeros;
-            c.seed = seed++;
-            c.batch = 2;
-            c.n = n;
-            c.k = k;
-            c.largest = largest;
-            c.sorted = sorted;
-            check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
-              for (std::int64_t b = 0; b < c.batch; ++b) {
-                const Selection s = selection(c, out, b);
-                std::vector<std::int64_t> zero_cols;
-                for (std::size_t j = 0; j < s.cols.size(); ++j) {
-                  // The value is the element's own bits: a -0.0 stays -0.0, a +0.0 stays +0.0.
-                  EXPECT_EQ(s.bits[j], in.bits(b, s.cols[j])) << "row " << b << " slot " << j;
-                  if (decode(dtype, s.bits[j]) == 0.0) zero_cols.push_back(s.cols[j]);
-                }
-                // Zeros of either sign tie: the selected ones are the lowest columns holding a
-                // zero, and by value order they come out in column order.
-                std::vector<std::int64_t> all_zero_cols;
-                for (std::int64_t col = 0; col < n; ++col) {
-                  if (decode(dtype, in.bits(b, col)) == 0.0) all_zero_cols.push_back(col);
-                }
-                all_zero_cols.resize(std::min(all_zero_cols.size(), zero_cols.size()));
-                std::vector<std::int64_t> sorted_zero_cols = zero_cols;
-                std::sort(sorted_zero_cols.begin(), sorted_zero_cols.end());
-                EXPECT_EQ(sorted_zero_cols, all_zero_cols) << "row " << b;
-                if (sorted != TopkOrder::kNone) {
-                  EXPECT_EQ(zero_cols, sorted_zero_cols) << "row " << b;
-                }
-              }
-            });
-          }
+  const auto all_orders = {TopkOrder::kNone, TopkOrder::kIndex, TopkOrder::kValue};
+  for (TopkCase c : sweep_cases(4000, {Dist::kSignedZeros}, all_orders)) {
+    check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        const Selection s = selection(c, out, b);
+        std::vector<std::int64_t> zero_cols;
+        for (std::size_t j = 0; j < s.cols.size(); ++j) {
+          // The value is the element's own bits: a -0.0 stays -0.0, a +0.0 stays +0.0.
+          EXPECT_EQ(s.bits[j], in.bits(b, s.cols[j])) << "row " << b << " slot " << j;
+          if (decode(c.dtype, s.bits[j]) == 0.0) zero_cols.push_back(s.cols[j]);
+        }
+        // Zeros of either sign tie: the selected ones are the lowest columns holding a
+        // zero, and by value order they come out in column order.
+        std::vector<std::int64_t> all_zero_cols;
+        for (std::int64_t col = 0; col < c.n; ++col) {
+          if (decode(c.dtype, in.bits(b, col)) == 0.0) all_zero_cols.push_back(col);
+        }
+        all_zero_cols.resize(std::min(all_zero_cols.size(), zero_cols.size()));
+        std::vector<std::int64_t> sorted_zero_cols = zero_cols;
+        std::sort(sorted_zero_cols.begin(), sorted_zero_cols.end());
+        EXPECT_EQ(sorted_zero_cols, all_zero_cols) << "row " << b;
+        if (c.sorted != TopkOrder::kNone) {
+          EXPECT_EQ(zero_cols, sorted_zero_cols) << "row " << b;
         }
       }
-    }
+    });
   }
 }
 
 TEST(TopkFpSpecials, DenormalsAreComparedNotFlushed) {
   CaseChecker check;
-  std::uint64_t seed = 5000;
-  for (DType dtype : kFloatDTypes) {
-    for (std::int64_t n : kSizes) {
-      for (std::int64_t k : ks_for(n)) {
-        for (bool largest : {true, false}) {
-          TopkCase c;
-          c.dtype = dtype;
-          c.dist = Dist::kDenormals;
-          c.seed = seed++;
-          c.batch = 2;
-          c.n = n;
-          c.k = k;
-          c.largest = largest;
-          c.sorted = TopkOrder::kValue;
-          check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
-            for (std::int64_t b = 0; b < c.batch; ++b) {
-              // The first slot holds the row's extreme as a real number: a flushed subnormal
-              // would tie with zero and lose to the lowest column instead.
-              double extreme = decode(dtype, in.bits(b, 0));
-              for (std::int64_t col = 1; col < n; ++col) {
-                const double v = decode(dtype, in.bits(b, col));
-                extreme = largest ? std::max(extreme, v) : std::min(extreme, v);
-              }
-              const Selection s = selection(c, out, b);
-              ASSERT_FALSE(s.bits.empty()) << "row " << b;
-              EXPECT_EQ(decode(dtype, s.bits[0]), extreme) << "row " << b;
-              // The rest follow in value order.
-              for (std::size_t j = 1; j < s.bits.size(); ++j) {
-                const double prev = decode(dtype, s.bits[j - 1]), cur = decode(dtype, s.bits[j]);
-                EXPECT_TRUE(largest ? prev >= cur : prev <= cur) << "row " << b << " slot " << j;
-              }
-            }
-          });
+  for (TopkCase c : sweep_cases(5000, {Dist::kDenormals})) {
+    check_with_property(check, c, [&](const TopkInputs& in, const TopkOutputs& out) {
+      for (std::int64_t b = 0; b < c.batch; ++b) {
+        // The first slot holds the row's extreme as a real number: a flushed subnormal
+        // would tie with zero and lose to the lowest column instead.
+        double extreme = decode(c.dtype, in.bits(b, 0));
+        for (std::int64_t col = 1; col < c.n; ++col) {
+          const double v = decode(c.dtype, in.bits(b, col));
+          extreme = c.largest ? std::max(extreme, v) : std::min(extreme, v);
+        }
+        const Selection s = selection(c, out, b);
+        ASSERT_FALSE(s.bits.empty()) << "row " << b;
+        EXPECT_EQ(decode(c.dtype, s.bits[0]), extreme) << "row " << b;
+        // The rest follow in value order.
+        for (std::size_t j = 1; j < s.bits.size(); ++j) {
+          const double prev = decode(c.dtype, s.bits[j - 1]), cur = decode(c.dtype, s.bits[j]);
+          EXPECT_TRUE(c.largest ? prev >= cur : prev <= cur) << "row " << b << " slot " << j;
         }
       }
-    }
+    });
   }
 }
 
-/// With k >= N every element comes back, so the returned value bits must be the row's bits
-/// as a multiset: every NaN payload, sign and signalling bit intact.
 TEST(TopkFpSpecials, NanPayloadsReturnedBitExact) {
   CaseChecker check;
   std::uint64_t seed = 6000;
