@@ -32,23 +32,9 @@ __device__ __forceinline__ std::uint64_t argmax_key(std::uint32_t score, std::ui
 /// Writes row b's output (k = 1) from its best argmax_key, or the fills when it is 0.
 template <class Traits>
 __device__ void write_argmax(const TopkKernelParams& p, std::int64_t b, std::uint64_t best) {
-  using Bits = typename Traits::Bits;
-  const bool found = best != 0;
-  const std::uint32_t col = 0xFFFFFFFFu - static_cast<std::uint32_t>(best);
   const std::int64_t offset =
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
-  if (p.indices_int64) {
-    static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride] =
-        found ? offset_index64(col, offset) : p.index_fill;
-  } else {
-    static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride] =
-        found ? offset_index32(col, offset) : static_cast<std::int32_t>(p.index_fill);
-  }
-  if (p.values != nullptr) {
-    const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
-    static_cast<Bits*>(p.values)[b * p.values_row_stride] =
-        found ? row[col] : static_cast<Bits>(p.value_fill_bits);
-  }
+  write_slot<Traits>(p, b, 0, best != 0, 0xFFFFFFFFu - static_cast<std::uint32_t>(best), offset);
 }
 
 template <class Traits, int kThreads, int kUnroll>
@@ -59,10 +45,8 @@ __global__ void __launch_bounds__(kThreads) topk_argmax_kernel(const TopkKernelP
 
   const std::int64_t b = blockIdx.x / p.slices;
   const std::int64_t s = blockIdx.x % p.slices;
-  std::int64_t lo, hi;
-  row_range(p, b, lo, hi);
-  const std::int64_t len = hi - lo;
-  const std::int64_t seg_lo = lo + len * s / p.slices, seg_hi = lo + len * (s + 1) / p.slices;
+  std::int64_t seg_lo, seg_hi;
+  slice_range(p, b, s, seg_lo, seg_hi);
   const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   const int tid = threadIdx.x;
   const bool track_nan = p.nan_flag != nullptr;
@@ -85,9 +69,7 @@ __global__ void __launch_bounds__(kThreads) topk_argmax_kernel(const TopkKernelP
   };
 
   // A scalar head up to 16-byte alignment, the vectors, a scalar tail.
-  const auto addr = reinterpret_cast<std::uintptr_t>(row + seg_lo);
-  const std::int64_t to_align = static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(Bits));
-  const std::int64_t head = to_align < seg_hi - seg_lo ? to_align : seg_hi - seg_lo;
+  const std::int64_t head = head_to_alignment(row, seg_lo, seg_hi);
   if (tid < head) consider(row[seg_lo + tid], seg_lo + tid);
   pre.set(best_score, p.sp);
   const std::int64_t a0 = seg_lo + head;

@@ -56,6 +56,26 @@ __device__ __forceinline__ void row_range(const TopkKernelParams& p, std::int64_
   lo = s < 0 ? 0 : (s > hi ? hi : s);
 }
 
+/// Slice s of row b's valid range (row_range cut into p.slices near-equal parts).
+__device__ __forceinline__ void slice_range(const TopkKernelParams& p, std::int64_t b,
+                                            std::int64_t s, std::int64_t& lo, std::int64_t& hi) {
+  std::int64_t row_lo, row_hi;
+  row_range(p, b, row_lo, row_hi);
+  const std::int64_t len = row_hi - row_lo;
+  lo = row_lo + len * s / p.slices;
+  hi = row_lo + len * (s + 1) / p.slices;
+}
+
+/// Elements of [lo, hi) before the first 16-byte boundary at or after row + lo: the scalar
+/// head that precedes 16-byte vector loads.
+template <class Bits>
+__device__ __forceinline__ std::int64_t head_to_alignment(const Bits* row, std::int64_t lo,
+                                                          std::int64_t hi) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(row + lo);
+  const auto to_align = static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(Bits));
+  return to_align < hi - lo ? to_align : hi - lo;
+}
+
 __device__ __forceinline__ std::uint32_t next_pow2(std::uint32_t v) {
   return v <= 1 ? 1u : 1u << (32 - __clz(v - 1));
 }
@@ -350,9 +370,7 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
     filter_partial_round<kU, kVec>(e, vecs, col0, valid, track_nan, any_nan);
   };
 
-  const auto addr = reinterpret_cast<std::uintptr_t>(row + lo);
-  const std::int64_t to_align = static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(Bits));
-  const std::int64_t head = to_align < hi - lo ? to_align : hi - lo;
+  const std::int64_t head = head_to_alignment(row, lo, hi);
   if (head > 0) scalar_round(lo, head);
 
   const std::int64_t a0 = lo + head;
@@ -448,29 +466,36 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   return any_nan;
 }
 
+/// Writes output slot j of row b: column `col` (plus `offset`) and its value when `real`, else
+/// the fills. Values are read back from x by column (a hit in L2, which just streamed the
+/// row), so they are the input's bits exactly: -0.0 and NaN payloads survive.
+template <class Traits>
+__device__ __forceinline__ void write_slot(const TopkKernelParams& p, std::int64_t b,
+                                           std::int64_t j, bool real, std::uint32_t col,
+                                           std::int64_t offset) {
+  using Bits = typename Traits::Bits;
+  if (p.indices_int64) {
+    static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] =
+        real ? offset_index64(col, offset) : p.index_fill;
+  } else {
+    static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + j] =
+        real ? offset_index32(col, offset) : static_cast<std::int32_t>(p.index_fill);
+  }
+  if (p.values != nullptr) {
+    const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
+    static_cast<Bits*>(p.values)[b * p.values_row_stride + j] =
+        real ? row[col] : static_cast<Bits>(p.value_fill_bits);
+  }
+}
+
 /// Writes row b's outputs from the finished candidates, then the padding.
 template <class Traits, int kThreads>
 __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const Candidates& c) {
-  using Bits = typename Traits::Bits;
-  const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   const std::int64_t offset =
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
   for (std::int64_t j = threadIdx.x; j < p.k; j += kThreads) {
     const bool real = j < c.n;
-    const std::uint32_t col = real ? c.col[j] : 0u;
-    if (p.indices_int64) {
-      static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? offset_index64(col, offset) : p.index_fill;
-    } else {
-      static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? offset_index32(col, offset) : static_cast<std::int32_t>(p.index_fill);
-    }
-    if (p.values != nullptr) {
-      // Values are read back from x by column (a hit in L2, which just streamed the row), so
-      // they are the input's bits exactly: -0.0 and NaN payloads survive.
-      static_cast<Bits*>(p.values)[b * p.values_row_stride + j] =
-          real ? row[col] : static_cast<Bits>(p.value_fill_bits);
-    }
+    write_slot<Traits>(p, b, j, real, real ? c.col[j] : 0u, offset);
   }
 }
 
@@ -504,10 +529,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
 
   const std::int64_t b = blockIdx.x / p.slices;
   const std::int64_t s = blockIdx.x % p.slices;
-  std::int64_t lo, hi;
-  row_range(p, b, lo, hi);
-  const std::int64_t len = hi - lo;
-  const std::int64_t seg_lo = lo + len * s / p.slices, seg_hi = lo + len * (s + 1) / p.slices;
+  std::int64_t seg_lo, seg_hi;
+  slice_range(p, b, s, seg_lo, seg_hi);
 
   auto e = make_engine<Traits, kThreads>(p, smem, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;

@@ -13,7 +13,6 @@
 
 #include <cstdint>
 
-#include "common/topk_index.hpp"
 #include "common/topk_keys.hpp"
 #include "cuda/common/block_scan.cuh"
 #include "cuda/topk/kernels/topk_filter.cuh"
@@ -89,14 +88,7 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const TopkKernelPa
         p.ranked[b * p.k + pos] = (static_cast<std::uint64_t>(s) << 32) |
                                   static_cast<std::uint32_t>(~static_cast<std::uint32_t>(c));
       } else {
-        if (p.indices_int64) {
-          static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + pos] =
-              offset_index64(static_cast<std::uint32_t>(c), offset);
-        } else {
-          static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + pos] =
-              offset_index32(static_cast<std::uint32_t>(c), offset);
-        }
-        if (p.values != nullptr) static_cast<Bits*>(p.values)[b * p.values_row_stride + pos] = row[c];
+        write_slot<Traits>(p, b, pos, true, static_cast<std::uint32_t>(c), offset);
       }
     }
     greater_so_far += tile_total >> 16;
@@ -108,15 +100,7 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const TopkKernelPa
     if (p.ranked != nullptr) {
       p.ranked[b * p.k + j] = 0;  // sorts after every selected key, then becomes padding
     } else {
-      if (p.indices_int64) {
-        static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] = p.index_fill;
-      } else {
-        static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + j] =
-            static_cast<std::int32_t>(p.index_fill);
-      }
-      if (p.values != nullptr) {
-        static_cast<Bits*>(p.values)[b * p.values_row_stride + j] = static_cast<Bits>(p.value_fill_bits);
-      }
+      write_slot<Traits>(p, b, j, false, 0u, offset);
     }
   }
 }
@@ -125,26 +109,12 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const TopkKernelPa
 template <class Traits, int kThreads>
 __global__ void __launch_bounds__(kThreads) topk_ranked_kernel(const TopkKernelParams p,
                                                                const std::uint64_t* sorted) {
-  using Bits = typename Traits::Bits;
   const std::int64_t b = blockIdx.x;
-  const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   const std::int64_t offset =
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
   for (std::int64_t j = threadIdx.x; j < p.k; j += kThreads) {
     const std::uint64_t r = sorted[b * p.k + j];
-    const bool real = r != 0;
-    const std::uint32_t c = ~static_cast<std::uint32_t>(r);
-    if (p.indices_int64) {
-      static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? offset_index64(c, offset) : p.index_fill;
-    } else {
-      static_cast<std::int32_t*>(p.indices)[b * p.indices_row_stride + j] =
-          real ? offset_index32(c, offset) : static_cast<std::int32_t>(p.index_fill);
-    }
-    if (p.values != nullptr) {
-      static_cast<Bits*>(p.values)[b * p.values_row_stride + j] =
-          real ? row[c] : static_cast<Bits>(p.value_fill_bits);
-    }
+    write_slot<Traits>(p, b, j, r != 0, ~static_cast<std::uint32_t>(r), offset);
   }
 }
 
