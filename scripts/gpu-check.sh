@@ -71,6 +71,10 @@ if [ "$MODE" != bench ]; then
   TEST_LOG="$OUT/tests.log"
   if [ -n "$TESTS" ]; then
     step "C++ CUDA tests" "$TEST_LOG" "$TESTS" --gtest_brief=1
+    # Again with the cluster kernel wherever it can run (one CTA a row up to 8192 columns,
+    # clusters at every batch size), so that each kernel meets every distribution and option.
+    step "C++ CUDA tests (cluster path)" "$TEST_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
+      "$TESTS" --gtest_brief=1
   fi
   step "Python CUDA tests" "$TEST_LOG" python3 -m pytest tests/python_cuda -q -p no:cacheprovider -x
 fi
@@ -80,6 +84,11 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
     "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
   step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
     "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*' --gtest_brief=1
+  step "compute-sanitizer memcheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
+  step "compute-sanitizer racecheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
+    compute-sanitizer --tool racecheck --error-exitcode 3 \
+    "$TESTS" --gtest_filter='*SmallDistributions:*SmallGraph*' --gtest_brief=1
 fi
 
 if [ "$MODE" = quick ] && command -v ncu > /dev/null; then

@@ -16,6 +16,7 @@
 
 #include "attnkit/attnkit.hpp"
 #include "common/float_bits.hpp"
+#include "common/topk_sample.hpp"
 
 namespace {
 
@@ -27,7 +28,8 @@ using attnkit::TensorView;
 const attnkit::Device kCpu{attnkit::DeviceType::kCPU, 0};
 const attnkit::Device kGpu{attnkit::DeviceType::kCUDA, 0};
 
-enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan };
+enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait };
+constexpr int kDists = 12;
 
 const char* dist_name(Dist d) {
   switch (d) {
@@ -42,6 +44,7 @@ const char* dist_name(Dist d) {
     case Dist::kRawBits: return "raw-bits";
     case Dist::kDsa: return "dsa-relu";
     case Dist::kMostlyNan: return "90%-nan";
+    case Dist::kSampleBait: return "sample-bait";
   }
   return "?";
 }
@@ -89,6 +92,12 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
                                 // number beats it: the prefilter must let numbers through
           bits = rng() % 10 == 0 ? to_bits(dtype, normal(rng)) : (rng() % 2 ? nan : neg_nan);
           break;
+        case Dist::kSampleBait:  // the columns the register kernel samples (rows without
+                                 // padding or offsets) hold the largest values: the sample
+                                 // overestimates the row, and the full select must take over
+          v = attnkit::detail::short_sampled(i, n) ? 1000.0f + normal(rng) : normal(rng);
+          bits = to_bits(dtype, v);
+          break;
         case Dist::kDsa: {
           // Indexer scores: a weighted sum of ReLUs, many exact zeros, bf16-quantised.
           float s = 0;
@@ -106,7 +115,6 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
       }
     }
   }
-  (void)n;
   return data;
 }
 
@@ -360,7 +368,7 @@ TEST_F(TopkCuda, SmallEveryOption) {
 
 TEST_F(TopkCuda, SmallDistributions) {
   std::uint64_t seed = 500;
-  for (int d = 0; d < 11; ++d) {
+  for (int d = 0; d < kDists; ++d) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       for (std::int64_t k : {1, 5, 300}) {
         Case c;
@@ -378,11 +386,12 @@ TEST_F(TopkCuda, SmallDistributions) {
   }
 }
 
-// Rows longer than the register-resident short-row kernel (8192): the filter kernel's rounds,
-// appends and repeated selects, on every distribution.
+// Rows longer than one CTA's registers (8192): clusters of 4 CTAs (20000 columns) on sm_90,
+// and the filter kernel's rounds, appends and repeated selects (140000 columns), on every
+// distribution.
 TEST_F(TopkCuda, SmallDistributionsLongRows) {
   std::uint64_t seed = 4000;
-  for (int d = 0; d < 11; ++d) {
+  for (int d = 0; d < kDists; ++d) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       for (std::int64_t k : {5, 300, 2048}) {
         Case c;
@@ -391,10 +400,11 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
         c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
         c.dist = static_cast<Dist>(d);
         c.batch = 3;
-        c.n = 20000 + static_cast<std::int64_t>(seed % 5);
+        const bool filter = (seed + static_cast<std::uint64_t>(d)) % 3 == 0;  // a third of the cases
+        c.n = filter ? 140000 : 20000 + static_cast<std::int64_t>(seed % 5);
         c.k = k;
         c.order = k == 300 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
-        c.misalign = static_cast<std::int64_t>(seed % 3);
+        c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>(seed % 3);
         c.seed = seed++;
         check_case(c);
       }
@@ -406,7 +416,7 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
 // kernel reduces, so ties across slices, all-NaN rows and empty slices all cross that merge.
 TEST_F(TopkCuda, SmallArgmaxSlices) {
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-  for (int d = 0; d < 11; ++d) {
+  for (int d = 0; d < kDists; ++d) {
     for (int variant = 0; variant < 2; ++variant) {
       Case c;
       c.dtype = dtypes[(d + variant) % 3];

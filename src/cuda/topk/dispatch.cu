@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <cub/device/device_segmented_sort.cuh>
 #include <mutex>
 
@@ -26,7 +28,8 @@ namespace attnkit::detail::cuda {
   extern template void launch_topk<Traits>(const TopkPlan&, const TopkKernelParams&,         \
                                            cudaStream_t);                                    \
   extern template void launch_ranked<Traits>(const TopkPlan&, const TopkKernelParams&,       \
-                                             const std::uint64_t*, cudaStream_t);
+                                             const std::uint64_t*, cudaStream_t);            \
+  extern template int max_cluster_ctas<Traits>();
 ATTNKIT_TOPK_EXTERN(Float32Traits)
 ATTNKIT_TOPK_EXTERN(BFloat16Traits)
 ATTNKIT_TOPK_EXTERN(Float16Traits)
@@ -55,6 +58,61 @@ int sm_count(int device) {
                "cudaDeviceGetAttribute(multiProcessorCount)");
   }
   return cache[d];
+}
+
+template <class Fn>
+void with_traits(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: fn(Float32Traits{}); return;
+    case DType::kBFloat16: fn(BFloat16Traits{}); return;
+    case DType::kFloat16: fn(Float16Traits{}); return;
+    default: break;
+  }
+  throw Error(ErrorCode::kInternal, "cuda topk: unexpected dtype after checks");
+}
+
+/// The largest cluster the rows-in-registers kernel runs with for this dtype on this device
+/// (cached; the query launches nothing).
+int cluster_limit(const TopkProblem& p) {
+  static std::mutex mutex;
+  static std::array<std::array<int, 3>, 64> cache{};
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto d = static_cast<std::size_t>(p.device.index);
+  const std::size_t t = p.dtype == DType::kFloat32 ? 0 : p.dtype == DType::kBFloat16 ? 1 : 2;
+  if (d >= cache.size()) return 1;
+  if (cache[d][t] == 0) {
+    with_traits(p.dtype, [&](auto traits) {
+      cache[d][t] = cuda::max_cluster_ctas<decltype(traits)>();
+    });
+  }
+  return cache[d][t];
+}
+
+/// ATTNKIT_CUDA_TOPK_PATH, read once: "cluster" prefers the cluster kernel wherever it can
+/// run (rows of up to 16 * 8192 columns, one CTA per row for rows of up to 8192), "filter"
+/// never takes it, anything else (the default, "auto") takes it where it measured fastest.
+enum class PathChoice { kAuto, kCluster, kFilter };
+
+PathChoice path_choice() {
+  static const PathChoice choice = [] {
+    const char* v = std::getenv("ATTNKIT_CUDA_TOPK_PATH");
+    if (v != nullptr && std::strcmp(v, "cluster") == 0) return PathChoice::kCluster;
+    if (v != nullptr && std::strcmp(v, "filter") == 0) return PathChoice::kFilter;
+    return PathChoice::kAuto;
+  }();
+  return choice;
+}
+
+/// Whether the rows go to the cluster kernel (k >= 2 and k <= kMaxFilterK, checked by the
+/// caller). It wins where the grid is small: a whole row per cluster cuts the latency of one
+/// call; with many rows, the short-row and filter kernels use the SMs better.
+bool use_cluster_kernel(const TopkProblem& p, int sms) {
+  const PathChoice choice = path_choice();
+  if (choice == PathChoice::kFilter || p.row_len > cuda::kClusterMaxLen) return false;
+  const int ctas = short_cluster_ctas(p.row_len);
+  if (ctas > 1 && cluster_limit(p) < ctas) return false;
+  if (choice == PathChoice::kCluster) return true;
+  return ctas > 1 && p.batch * ctas <= 2 * static_cast<std::int64_t>(sms);
 }
 
 /// Start offset of row i's segment in the flat [B, k] array of ranked keys.
@@ -125,6 +183,11 @@ Launch make_launch(const TopkProblem& p) {
     const std::int64_t want = 4 * static_cast<std::int64_t>(sms) / p.batch;
     const std::int64_t by_length = p.row_len / cuda::kArgmaxMinSlice;
     plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min(want, by_length), 1, 64));
+  } else if (use_cluster_kernel(p, sms)) {
+    // Rows in the registers of one cluster: one sampled threshold, one select, no rounds.
+    plan.path = TopkPath::kCluster;
+    plan.cluster_ctas = short_cluster_ctas(p.row_len);
+    plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
   } else if (p.row_len <= cuda::kShortMaxLen) {
     // Rows that fit the registers of one CTA: one select, no rounds.
     plan.path = TopkPath::kShort;
@@ -204,17 +267,6 @@ TopkKernelParams make_params(const TopkProblem& p, const Launch& l, char* ws) {
   return k;
 }
 
-template <class Fn>
-void with_traits(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32: fn(Float32Traits{}); return;
-    case DType::kBFloat16: fn(BFloat16Traits{}); return;
-    case DType::kFloat16: fn(Float16Traits{}); return;
-    default: break;
-  }
-  throw Error(ErrorCode::kInternal, "cuda topk: unexpected dtype after checks");
-}
-
 /// An NVTX range around one public call, so that profiles show attnkit's share.
 struct NvtxRange {
   explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
@@ -242,13 +294,16 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
   const TopkKernelParams params = make_params(p, l, ws);
 #if defined(ATTNKIT_LOG_LAUNCHES)
   std::fprintf(stderr,
-               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d limit=%u smem=%zu\n",
+               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d cluster=%d "
+               "limit=%u smem=%zu\n",
                static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
                static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix    ? "radix"
                : l.plan.path == TopkPath::kArgmax ? "argmax"
                : l.plan.path == TopkPath::kShort  ? "short"
+               : l.plan.path == TopkPath::kCluster ? "cluster"
                                                   : "filter",
-               l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.rows.limit,
+               l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.cluster_ctas,
+               l.plan.rows.limit,
                l.plan.rows.smem());
 #endif
   if (params.nan_flag != nullptr) {

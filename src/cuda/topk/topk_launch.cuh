@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/topk/kernels/topk_argmax.cuh"
+#include "cuda/topk/kernels/topk_cluster.cuh"
 #include "cuda/topk/kernels/topk_filter.cuh"
 #include "cuda/topk/kernels/topk_radix.cuh"
 #include "cuda/topk/kernels/topk_short.cuh"
@@ -50,10 +52,12 @@ constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxUnroll = 8;
 // Elements a k = 1 slice streams at least, when rows are cut for small batches.
 constexpr std::int64_t kArgmaxMinSlice = 4096;
-// The short-row path: rows of up to 8192 elements held in registers, 32 per thread.
-constexpr int kShortThreads = 256;
-constexpr int kShortPerThread = 32;
-constexpr std::int64_t kShortMaxLen = kShortThreads * kShortPerThread;
+// Rows in registers: 8192 elements a CTA, 32 per thread (the short-row kernel, and per CTA of
+// the cluster kernel, which takes up to kMaxClusterCtas CTAs a row on sm_90).
+using detail::kShortMaxLen;
+using detail::kShortPerThread;
+using detail::kShortThreads;
+constexpr std::int64_t kClusterMaxLen = kShortMaxLen * kMaxClusterCtas;
 // Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
 // Dynamic shared memory a CTA may take: 227 KB less the static part (per-warp histograms,
@@ -104,13 +108,25 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 // Plan
 // ---------------------------------------------------------------------------------------------
 
-enum class TopkPath { kFilter, kRadix, kArgmax, kShort };
+enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster };
+
+/// Candidate slots of the cluster kernel's CTA 0 for k: room for the sample's usual
+/// overestimate (about 1.5 k, docs/topk.md) with a wide margin.
+inline std::uint32_t cluster_candidate_slots(std::uint32_t k) {
+  return 4 * next_pow2_host(k) + 2048;
+}
+
+/// Dynamic shared memory of the cluster kernel: kept and candidate lists, keys and columns.
+inline std::size_t cluster_smem(std::uint32_t survivor_slots, std::uint32_t candidate_slots) {
+  return 2 * sizeof(std::uint32_t) * (std::size_t{survivor_slots} + candidate_slots);
+}
 
 struct TopkPlan {
   TopkPath path = TopkPath::kFilter;
   bool narrow = false;  // NarrowPolicy for the rows kernel (else WidePolicy)
   std::int64_t batch = 0;
   int slices = 1;
+  int cluster_ctas = 1;  // kCluster: CTAs per row
   BufferPlan rows, merge;
   std::size_t cub_bytes = 0;  // radix path, sorted="value"
 };
@@ -128,6 +144,34 @@ void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
                                   static_cast<int>(smem)),
              name);
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
+  cuda_check_launch(name);
+}
+
+/// Launches `ctas` CTAs per row as one thread-block cluster each (sm_90; sizes above 8 are
+/// non-portable and opted into here).
+template <class Kernel>
+void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, std::size_t smem,
+                      cudaStream_t stream, const TopkKernelParams& p, const char* name) {
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)),
+             name);
+  if (ctas > 8) {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+               name);
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(rows * ctas));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(ctas);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  cuda_check(cudaLaunchKernelEx(&config, kernel, p), name);
   cuda_check_launch(name);
 }
 
@@ -166,6 +210,34 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
            kShortThreads, smem, stream, p, "topk_short_rows_kernel");
     return;
   }
+  if (plan.path == TopkPath::kCluster) {
+    p.survivor_slots = plan.rows.survivor_slots;
+    p.candidate_slots = cluster_candidate_slots(p.k_select);
+    p.cluster_ctas = plan.cluster_ctas;
+    const std::size_t smem = cluster_smem(p.survivor_slots, p.candidate_slots);
+    if (plan.cluster_ctas == 1) {
+      launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
+             kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
+    } else {
+      launch_clustered(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>,
+                       plan.batch, plan.cluster_ctas, kShortThreads, smem, stream, p,
+                       "topk_cluster_rows_kernel<cluster>");
+    }
+#ifdef ATTNKIT_TOPK_TRACE
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &capturing);
+    if (capturing == cudaStreamCaptureStatusNone) {
+      unsigned long long t[16] = {};
+      cudaStreamSynchronize(stream);
+      cudaMemcpyFromSymbol(t, g_topk_trace, sizeof t);
+      std::fprintf(stderr, "trace B=%lld N=%lld k=%u ctas=%d:", static_cast<long long>(plan.batch),
+                   static_cast<long long>(p.row_len), p.k_select, plan.cluster_ctas);
+      for (int i = 1; i < 8; ++i) std::fprintf(stderr, " %d:%.2f", i, (t[i] - t[0]) * 1e-3);
+      std::fprintf(stderr, "\n");
+    }
+#endif
+    return;
+  }
   if (plan.path == TopkPath::kArgmax) {
     launch(topk_argmax_kernel<Traits, kArgmaxThreads, kArgmaxUnroll>, plan.batch * plan.slices,
            kArgmaxThreads, 0, stream, p, "topk_argmax_kernel");
@@ -183,6 +255,46 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     launch(topk_merge_kernel<Traits, kMergeThreads>, plan.batch, kMergeThreads, plan.merge.smem(),
            stream, p, "topk_merge_kernel");
   }
+}
+
+/// The largest cluster (CTAs per row, a power of two) the cluster kernel can run with on the
+/// current device: 1 before sm_90, or when this binary lacks sm_90 code for it.
+template <class Traits>
+int max_cluster_ctas() {
+  auto kernel = topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>;
+  cudaFuncAttributes attributes{};
+  cuda_check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  int device = 0, cluster_launch = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device),
+             "cudaDeviceGetAttribute(clusterLaunch)");
+  if (attributes.binaryVersion < 90 || cluster_launch == 0) return 1;
+  const std::size_t smem =  // the largest k's lists
+      cluster_smem(next_pow2_host(kMaxFilterK), cluster_candidate_slots(kMaxFilterK));
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)),
+             "cudaFuncSetAttribute");
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+             "cudaFuncSetAttribute");
+  for (int ctas = kMaxClusterCtas; ctas > 1; ctas /= 2) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(ctas));
+    config.blockDim = dim3(kShortThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(ctas);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0) {
+      return ctas;
+    }
+    (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+  }
+  return 1;
 }
 
 template <class Traits>

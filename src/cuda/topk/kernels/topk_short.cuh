@@ -28,7 +28,8 @@
 
 namespace attnkit::detail::cuda {
 
-constexpr int kShortBins = 2048;  // the widest digit: 11 bits
+constexpr int kShortDigitBits = 11;  // the widest digit
+constexpr int kShortBins = 1 << kShortDigitBits;
 
 template <int kThreads>
 struct ShortScratch {
@@ -41,19 +42,21 @@ struct ShortScratch {
 
 /// Finds, in hist[0..bins) (counts by digit), the digit D holding the need-th best: the
 /// candidates of digits above D number fewer than need, those of digits >= D at least need.
-/// Leaves D and need minus the count above D in s.pivot_digit / s.pivot_need, and the total
-/// in s.candidates. Every thread must call it; the histogram must be complete (barrier before).
-template <int kThreads>
-__device__ void find_pivot_digit(ShortScratch<kThreads>& s, int bins, std::uint32_t need) {
+/// Leaves D and need minus the count above D in s.pivot_digit / s.pivot_need (untouched when
+/// the total is below need), and the total in s.candidates. Every thread must call it; the
+/// histogram must be complete (barrier before). Ends with a barrier.
+template <int kThreads, class Scratch>
+__device__ void find_pivot_digit(Scratch& s, const std::uint32_t* hist, int bins,
+                                 std::uint32_t need) {
   const int per = bins > kThreads ? bins / kThreads : 1;  // digits a thread owns, top down
   const int first = threadIdx.x * per;
   std::uint32_t count = 0;
-  for (int i = 0; i < per && first + i < bins; ++i) count += s.hist[bins - 1 - (first + i)];
+  for (int i = 0; i < per && first + i < bins; ++i) count += hist[bins - 1 - (first + i)];
   std::uint32_t total;
   std::uint32_t above = block_exclusive_sum<kThreads>(count, s.warp_totals, total);
   if (above < need && need <= above + count) {
     for (int i = 0; i < per; ++i) {
-      const std::uint32_t c = s.hist[bins - 1 - (first + i)];
+      const std::uint32_t c = hist[bins - 1 - (first + i)];
       if (above + c >= need) {
         s.pivot_digit = static_cast<std::uint32_t>(bins - 1 - (first + i));
         s.pivot_need = need - above;
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
       if (match) atomicAdd(&s.hist[(sc[i] >> shift) & ((1u << width) - 1u)], 1u);
     }
     __syncthreads();
-    find_pivot_digit<kThreads>(s, 1 << width, need);
+    find_pivot_digit<kThreads>(s, s.hist, 1 << width, need);
     if (pass == 0 && s.candidates <= need) {  // uniform: every candidate is kept
       all_kept = true;
       break;
