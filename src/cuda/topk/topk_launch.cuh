@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/topk/kernels/topk_argmax.cuh"
@@ -110,16 +109,6 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 
 enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster };
 
-/// Candidate slots of the cluster kernel's CTA 0 for k: room for the sample's usual
-/// overestimate (about 1.5 k, docs/topk.md) with a wide margin.
-inline std::uint32_t cluster_candidate_slots(std::uint32_t k) {
-  return 4 * next_pow2_host(k) + 2048;
-}
-
-/// Dynamic shared memory of the cluster kernel: kept and candidate lists, keys and columns.
-inline std::size_t cluster_smem(std::uint32_t survivor_slots, std::uint32_t candidate_slots) {
-  return 2 * sizeof(std::uint32_t) * (std::size_t{survivor_slots} + candidate_slots);
-}
 
 struct TopkPlan {
   TopkPath path = TopkPath::kFilter;
@@ -212,9 +201,8 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   }
   if (plan.path == TopkPath::kCluster) {
     p.survivor_slots = plan.rows.survivor_slots;
-    p.candidate_slots = cluster_candidate_slots(p.k_select);
     p.cluster_ctas = plan.cluster_ctas;
-    const std::size_t smem = cluster_smem(p.survivor_slots, p.candidate_slots);
+    const std::size_t smem = 2 * sizeof(std::uint32_t) * plan.rows.survivor_slots;  // keys, columns
     if (plan.cluster_ctas == 1) {
       launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
              kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
@@ -223,19 +211,6 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
                        plan.batch, plan.cluster_ctas, kShortThreads, smem, stream, p,
                        "topk_cluster_rows_kernel<cluster>");
     }
-#ifdef ATTNKIT_TOPK_TRACE
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(stream, &capturing);
-    if (capturing == cudaStreamCaptureStatusNone) {
-      unsigned long long t[16] = {};
-      cudaStreamSynchronize(stream);
-      cudaMemcpyFromSymbol(t, g_topk_trace, sizeof t);
-      std::fprintf(stderr, "trace B=%lld N=%lld k=%u ctas=%d:", static_cast<long long>(plan.batch),
-                   static_cast<long long>(p.row_len), p.k_select, plan.cluster_ctas);
-      for (int i = 1; i < 8; ++i) std::fprintf(stderr, " %d:%.2f", i, (t[i] - t[0]) * 1e-3);
-      std::fprintf(stderr, "\n");
-    }
-#endif
     return;
   }
   if (plan.path == TopkPath::kArgmax) {
@@ -269,8 +244,7 @@ int max_cluster_ctas() {
   cuda_check(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device),
              "cudaDeviceGetAttribute(clusterLaunch)");
   if (attributes.binaryVersion < 90 || cluster_launch == 0) return 1;
-  const std::size_t smem =  // the largest k's lists
-      cluster_smem(next_pow2_host(kMaxFilterK), cluster_candidate_slots(kMaxFilterK));
+  const std::size_t smem = 2 * sizeof(std::uint32_t) * kMaxFilterK;  // the largest k's lists
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)),
              "cudaFuncSetAttribute");

@@ -46,10 +46,8 @@ struct TopkKernelParams {
   std::uint32_t* slice_key;
   std::uint32_t* slice_col;
 
-  // Cluster rows: CTAs per row (one thread-block cluster when > 1), and the slots of CTA 0's
-  // candidate list.
+  // Cluster rows: CTAs per row (one thread-block cluster when > 1).
   int cluster_ctas;
-  std::uint32_t candidate_slots;
 
   // Large k: (score << 32 | ~column) per selected element, [B, k], for sorted="value".
   std::uint64_t* ranked;

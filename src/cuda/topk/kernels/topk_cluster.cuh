@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA top-k kernel for rows of up to kMaxClusterCtas * 8192 columns, held in the
-// registers of one thread-block cluster (sm_90) that pools its histograms and candidates through
-// distributed shared memory; with one CTA per row elsewhere. Algorithm and measured numbers:
-// docs/topk.md ("Clusters").
+// registers of one thread-block cluster (sm_90) that pools its histograms and counts through
+// distributed shared memory; one CTA per row elsewhere. Algorithm and measured numbers:
+// docs/topk.md ("Cluster kernel").
 //
 //   topk_cluster_rows_kernel  one cluster per row. Thread t of CTA r holds the kPerThread
 //                             consecutive columns from lo + (r * kThreads + t) * kPerThread as
@@ -11,19 +11,19 @@
 //     1. Sample. A spread sample of the row's scores (common/topk_sample.hpp) goes into an
 //        11-bit-digit histogram; the digit holding the sample's `need`-th best, `need` the
 //        expected count above the k-th plus three standard deviations, gives a floor that
-//        about 1.5 k of the row's elements beat.
+//        about 1.5-3 k of the row's elements beat.
 //     2. Candidates. A packed prefilter (one comparison per 32-bit word) and an exact score
 //        test on the flagged elements mark the elements scoring above the floor in a
-//        per-thread bit mask; the CTAs exchange their counts.
-//     3a. Fast path (the count reaches k and fits CTA 0's candidate list): every CTA writes its
-//        candidates, in column order, into CTA 0's shared memory, and CTA 0 alone selects the
-//        best k of them (select_into), sorts them for sorted="value" and writes the outputs.
-//     3b. Otherwise (the sample overestimated the row, so fewer than k beat the floor, and
-//        every valid element competes; or too many tie above it): a radix select over the
-//        candidate masks in registers, 11 + 5 bits for 16-bit types, 11 + 11 + 10 for fp32,
-//        each pass's histogram pooled across the cluster; then one block scan of packed
-//        (greater, equal) counts and an exchange of the CTAs' totals place every kept element
-//        in CTA 0's list. Either way the result never depends on the sample, only the time.
+//        per-thread bit mask. Only they take part from here on.
+//     3. Select. Radix passes over the candidates' scores relative to the floor, bins narrow
+//        near it, where the k-th best usually is: one pass for 16-bit types, up to three for
+//        fp32, fewer when the pivot's bin is kept whole. If fewer than k candidates beat the
+//        floor (the sample overestimated the row), every valid element becomes a candidate
+//        and the passes start over: the result never depends on the sample, only the time.
+//     4. Kept: score > K, or score == K among the first `need` such in column order. A block
+//        scan of packed (greater, equal) counts and an exchange of the CTAs' totals place each
+//        kept element; for sorted="none"/"index" every CTA writes its own to the outputs, for
+//        sorted="value" they go to CTA 0, which sorts them and writes the outputs.
 //   Pooling: every CTA counts into a private histogram, then adds the nonzero bins to every
 //   CTA's copy of the pass's histogram, so that after one cluster barrier each CTA finds the
 //   same pivot on its own copy. Two histograms alternate between passes, so a copy is cleared
@@ -43,20 +43,6 @@
 #include "cuda/topk/topk_params.cuh"
 
 namespace attnkit::detail::cuda {
-
-#ifdef ATTNKIT_TOPK_TRACE
-__device__ unsigned long long g_topk_trace[16];
-#define ATTNKIT_TRACE(i)                                                   \
-  do {                                                                     \
-    if (blockIdx.x == 0 && threadIdx.x == 0) {                             \
-      unsigned long long t;                                                \
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                \
-      g_topk_trace[i] = t;                                                 \
-    }                                                                      \
-  } while (0)
-#else
-#define ATTNKIT_TRACE(i)
-#endif
 
 constexpr int kMaxClusterCtas = 16;  // non-portable cluster size on sm_90
 
@@ -82,42 +68,79 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
-/// The address of `p` (in this CTA's shared memory) in the shared memory of cluster CTA `rank`.
-template <class T>
-__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+/// The two halves of cluster_sync, so that independent work fills the wait. arrive releases
+/// this thread's earlier shared-memory writes; wait acquires every CTA's.
+__device__ __forceinline__ void cluster_arrive() {
 #ifdef ATTNKIT_HAS_CLUSTERS
-  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#ifdef ATTNKIT_HAS_CLUSTERS
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
+/// The address of `p` (in this CTA's shared memory) in the shared::cluster window of cluster
+/// CTA `rank`.
+__device__ __forceinline__ std::uint32_t cluster_address(const void* p, unsigned rank) {
+  auto local = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+#ifdef ATTNKIT_HAS_CLUSTERS
+  std::uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
 #else
   (void)rank;
-  return p;
+  return local;
+#endif
+}
+
+/// *p += v in the shared memory of cluster CTA `rank`, discarding the old value.
+__device__ __forceinline__ void cluster_add(std::uint32_t* p, unsigned rank, std::uint32_t v) {
+#ifdef ATTNKIT_HAS_CLUSTERS
+  asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;"
+               :: "r"(cluster_address(p, rank)), "r"(v) : "memory");
+#else
+  (void)rank;
+  atomicAdd(p, v);
+#endif
+}
+
+/// *p = v in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ void cluster_store(std::uint32_t* p, unsigned rank, std::uint32_t v) {
+#ifdef ATTNKIT_HAS_CLUSTERS
+  asm volatile("st.shared::cluster.u32 [%0], %1;" :: "r"(cluster_address(p, rank)), "r"(v)
+               : "memory");
+#else
+  (void)rank;
+  *p = v;
 #endif
 }
 
 template <int kThreads, bool kClustered>
 struct ClusterScratch {
-  union {
-    std::uint32_t hist[2][kShortBins];  // digit counts of the row, alternating between passes
-    SelectScratch<kThreads> select;     // CTA 0's final select, after the last pooling
-  };
+  std::uint32_t hist[2][kShortBins];  // digit counts of the row, alternating between passes
   std::uint32_t local[kClustered ? kShortBins : 1];  // this CTA's counts, before they are pooled
   std::uint32_t warp_totals[32];
-  std::uint32_t cta_count[kMaxClusterCtas];    // candidates of each cluster CTA
   std::uint32_t cta_greater[kMaxClusterCtas];  // kept-element counts of each cluster CTA
   std::uint32_t cta_equal[kMaxClusterCtas];
   std::uint32_t pivot_digit;
   std::uint32_t pivot_need;
+  std::uint32_t pivot_count;
   std::uint32_t candidates;
 };
 
 template <class Traits, int kThreads, int kPerThread, bool kClustered>
-__global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const TopkKernelParams p) {
+__global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));  // elements per 16-byte vector
   constexpr int kVecs = kPerThread / kVec;
   constexpr std::uint32_t kVecMask = (1u << kVec) - 1u;
   static_assert(kPerThread == 32, "one 32-bit candidate mask per thread");
-  // Kept keys and columns [2][survivor_slots], then candidate keys and columns
-  // [2][candidate_slots] (CTA 0's are the cluster's).
+  // Kept keys and columns, [2][survivor_slots] (CTA 0's are the cluster's).
   extern __shared__ __align__(16) std::uint32_t smem[];
   __shared__ ClusterScratch<kThreads, kClustered> s;
 
@@ -126,7 +149,6 @@ __global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const To
   const std::int64_t b = blockIdx.x / ctas;
   std::int64_t lo, hi;
   row_range(p, b, lo, hi);
-  ATTNKIT_TRACE(0);
   const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   const int tid = threadIdx.x;
   const std::int64_t c0 = lo + (static_cast<std::int64_t>(rank) * kThreads + tid) * kPerThread;
@@ -185,33 +207,29 @@ __global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const To
   auto count_digit = [&](std::uint32_t digit) {
     atomicAdd(kClustered ? &s.local[digit] : &s.hist[h][digit], 1u);
   };
-  auto pool_counts = [&] {
+  // Pools the pass's counts, finds the digit holding the need-th best (find_pivot_digit), then
+  // clears the histogram for the pass after next and flips to the other one.
+  auto finish_pass = [&](std::uint32_t need) {
+    __syncthreads();
     if constexpr (kClustered) {
-      __syncthreads();
+      // Thread t adds bins t, t + kThreads, ...: each warp's additions to one CTA go out as one
+      // instruction over consecutive words (one bin per lane and CTA was 4x slower).
       for (int i = tid; i < kShortBins; i += kThreads) {
         const std::uint32_t c = s.local[i];
         if (c == 0) continue;
         s.local[i] = 0;
-        for (unsigned r = 0; r < ctas; ++r) atomicAdd(cluster_map(&s.hist[h][i], r), c);
+        for (unsigned r = 0; r < ctas; ++r) cluster_add(&s.hist[h][i], r, c);
       }
       cluster_sync();
-    } else {
-      __syncthreads();
     }
-  };
-  // Finds the pivot digit of the finished pass, then clears its histogram for the pass after
-  // next and flips to the other one.
-  auto finish_pass = [&](int bins, std::uint32_t need) {
-    pool_counts();
-    find_pivot_digit<kThreads>(s, s.hist[h], bins, need);
-    for (int i = tid; i < bins; i += kThreads) s.hist[h][i] = 0;
+    find_pivot_digit<kThreads>(s, s.hist[h], kShortBins, need);
+    for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
     h ^= 1;
   };
-  if constexpr (kClustered) cluster_sync();  // every CTA runs and has cleared its histograms
-  else __syncthreads();
-  ATTNKIT_TRACE(1);
+  __syncthreads();  // the histograms are clear
+  if constexpr (kClustered) cluster_arrive();  // completed by the first pooling, below
 
-  // 1. Sample: the threshold that about 1.5 k of the row's elements reach.
+  // 1. Sample: a floor that about 1.5 k of the row's elements beat.
   constexpr int kKeyBits = Traits::kBits;
   constexpr int kTopShift = kKeyBits - kShortDigitBits;
   const int every = short_sample_every(static_cast<int>(ctas));
@@ -230,13 +248,15 @@ __global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const To
       if (score != kExcludedScore) count_digit(score >> kTopShift);
     }
   }
+  if constexpr (kClustered) cluster_wait();  // every CTA runs and has cleared its histograms
   // Samples above the k-th best: k / (columns per sample) expected; allow three deviations.
   const float expected = static_cast<float>(p.k_select) / static_cast<float>(kPerThread * every);
   const auto sample_need = static_cast<std::uint32_t>(expected + 3.0f * sqrtf(expected) + 2.0f);
-  finish_pass(kShortBins, sample_need);
-  ATTNKIT_TRACE(2);
+  finish_pass(sample_need);
   std::uint32_t floor_score = kExcludedScore;  // candidates score above it
-  if (s.candidates >= sample_need && s.pivot_digit > 0) floor_score = (s.pivot_digit << kTopShift) - 1u;
+  if (s.candidates >= sample_need && s.pivot_digit > 0) {
+    floor_score = (s.pivot_digit << kTopShift) - 1u;
+  }
 
   // 2. Candidates: the valid elements scoring above the floor.
   auto mark_candidates = [&] {
@@ -257,107 +277,56 @@ __global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const To
     return marked;
   };
   std::uint32_t cand = mark_candidates();
-  ATTNKIT_TRACE(3);
-  std::uint32_t cta_candidates;
-  std::uint32_t cand_before =
-      block_exclusive_sum<kThreads>(static_cast<std::uint32_t>(__popc(cand)), s.warp_totals,
-                                    cta_candidates);
-  std::uint32_t row_candidates = cta_candidates;
-  if constexpr (kClustered) {
-    if (tid == 0) {
-      for (unsigned r = 0; r < ctas; ++r) *cluster_map(&s.cta_count[rank], r) = cta_candidates;
-    }
-    cluster_sync();
-    row_candidates = 0;
-    for (unsigned r = 0; r < ctas; ++r) {
-      cand_before += r < rank ? s.cta_count[r] : 0u;
-      row_candidates += s.cta_count[r];
-    }
-  }
-  ATTNKIT_TRACE(4);
 
-  // 3a. Fast path: CTA 0 selects from the gathered candidates.
-  const std::uint32_t k_select = p.k_select;
-  if ((row_candidates >= k_select || floor_score == kExcludedScore) &&
-      row_candidates <= p.candidate_slots) {
-    std::uint32_t* cand_key = smem + 2 * p.survivor_slots;
-    std::uint32_t* cand_col = cand_key + p.candidate_slots;
-    std::uint32_t* key_to = kClustered ? cluster_map(cand_key, 0) : cand_key;
-    std::uint32_t* col_to = kClustered ? cluster_map(cand_col, 0) : cand_col;
-    for_each(cand, [&](std::uint32_t bits, int i) {
-      key_to[cand_before] = score_of<Traits>(bits, p.sp);
-      col_to[cand_before] = static_cast<std::uint32_t>(c0 + i);
-      ++cand_before;
+  // 3. Radix select of the k-th best candidate score over pooled histograms. A pass counts
+  // the candidates in [lo, hi] by (score - lo) >> shift, the last bin also taking everything
+  // above its start, so that bins stay narrow near the floor, where the k-th best usually is:
+  // one pass for 16-bit types (bins of one score), three for fp32 (8 octaves of 256 bins,
+  // then 11 and 4 bits), fewer when the pivot's bin is kept whole.
+  constexpr int kFirstShift = kKeyBits == 16 ? 0 : 15;
+  std::uint32_t range_lo = floor_score + 1u, range_hi = Traits::kMask, need = p.k_select;
+  std::uint32_t kth = kExcludedScore, keep_equal = 0;  // kept: score > kth, or == kth (first keep_equal)
+  int shift = floor_score == kExcludedScore ? kTopShift : kFirstShift;
+  bool first = true;
+  for (;;) {
+    const std::uint32_t last = kShortBins - 1;
+    for_each(cand, [&](std::uint32_t bits, int) {
+      const std::uint32_t score = score_of<Traits>(bits, p.sp);
+      if (score >= range_lo && score <= range_hi) count_digit(min((score - range_lo) >> shift, last));
     });
-    if constexpr (kClustered) {
-      cluster_sync();  // the candidates are in CTA 0; the others are done with every copy
-      if (rank != 0) return;
-    } else {
-      __syncthreads();
+    finish_pass(need);
+    if (first && s.candidates < need && floor_score != kExcludedScore) {
+      // The sample overestimated the row: every valid element competes.
+      floor_score = kExcludedScore;
+      cand = mark_candidates();
+      range_lo = 1u;
+      shift = kTopShift;
+      continue;
     }
-    Candidates kept{cand_key, cand_col, row_candidates};
-  ATTNKIT_TRACE(5);
-    if (row_candidates > k_select) {
-      select_into<kThreads, kKeyBits>(kept, Candidates{cand_key, cand_col, 0}, smem,
-                                      smem + p.survivor_slots, k_select, s.select);
-      kept = Candidates{smem, smem + p.survivor_slots, k_select};
-    }
-  ATTNKIT_TRACE(6);
-    if (p.sort_by_value && kept.n > 1) {
-      // The sort needs a power-of-two span: candidates past k sit in the kept lists.
-      if (kept.key != smem) {
-        for (std::uint32_t i = tid; i < kept.n; i += kThreads) {
-          smem[i] = kept.key[i];
-          smem[p.survivor_slots + i] = kept.col[i];
-        }
-        kept = Candidates{smem, smem + p.survivor_slots, kept.n};
-      }
-      sort_best_first<kThreads>(kept.key, kept.col, kept.n, next_pow2(kept.n));
-    }
-    write_outputs<Traits, kThreads>(p, b, kept);
-  ATTNKIT_TRACE(7);
-    return;
-  }
-
-  // 3b. Radix select over the candidate masks.
-  constexpr int kPasses = kKeyBits == 16 ? 2 : 3;
-  constexpr int kWidth[3] = {kShortDigitBits, kKeyBits == 16 ? 5 : 11, 10};
-  std::uint32_t prefix = 0, need = k_select;
-  bool all_kept = false;
-  if (row_candidates < k_select && floor_score != kExcludedScore) {
-    floor_score = kExcludedScore;  // the sample overestimated: every valid element competes
-    cand = mark_candidates();
-  }
-  for_each(cand, [&](std::uint32_t bits, int) {
-    count_digit(score_of<Traits>(bits, p.sp) >> kTopShift);
-  });
-  finish_pass(kShortBins, need);
-  if (s.candidates <= need) {
-    all_kept = true;
-  } else {
-    int shift = kTopShift;
-    prefix = s.pivot_digit << shift;
+    first = false;
+    if (s.candidates <= need) break;  // every candidate in [range_lo, range_hi] is kept (kth = range_lo - 1)
+    const std::uint32_t d = s.pivot_digit;
+    const std::uint32_t bin_lo = range_lo + (d << shift);
+    const std::uint32_t width = (1u << shift) - 1u;  // the bin's span, less one
+    const std::uint32_t bin_hi = d == last || range_hi - bin_lo <= width ? range_hi : bin_lo + width;
+    const std::uint32_t in_bin = s.pivot_count;
     need = s.pivot_need;
-#pragma unroll
-    for (int pass = 1; pass < kPasses; ++pass) {
-      const int width = kWidth[pass];
-      const int above_shift = shift;  // bits fixed by earlier passes are those >= shift
-      shift -= width;
-      for_each(cand, [&](std::uint32_t bits, int) {
-        const std::uint32_t score = score_of<Traits>(bits, p.sp);
-        if ((score >> above_shift) == (prefix >> above_shift)) {
-          count_digit((score >> shift) & ((1u << width) - 1u));
-        }
-      });
-      finish_pass(1 << width, need);
-      prefix |= s.pivot_digit << shift;
-      need = s.pivot_need;
-    }
+    range_lo = bin_lo;
+    range_hi = bin_hi;
+    if (range_lo == range_hi || in_bin == need) break;
+    // Narrow to the pivot's bin: 2048 bins of 2^shift cover it, the last one open above.
+    const std::uint32_t span = range_hi - range_lo;
+    const int bits_needed = 32 - __clz(span);
+    shift = bits_needed > kShortDigitBits ? bits_needed - kShortDigitBits : 0;
+  }
+  if (range_lo == range_hi && s.candidates > need) {
+    kth = range_lo;
+    keep_equal = need;
+  } else {
+    kth = range_lo - 1u;  // everything from range_lo up is kept
   }
 
   // 4. Kept: score > kth, or score == kth among the first `keep_equal` such in column order.
-  const std::uint32_t kth = all_kept ? kExcludedScore : prefix;
-  const std::uint32_t keep_equal = all_kept ? 0u : need;
   std::uint32_t greater = 0, equal = 0;
   for_each(cand, [&](std::uint32_t bits, int) {
     const std::uint32_t score = score_of<Traits>(bits, p.sp);
@@ -369,14 +338,10 @@ __global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const To
       block_exclusive_sum<kThreads>((greater << 16) | equal, s.warp_totals, cta_total);
   std::uint32_t greater_before = before >> 16, equal_before = before & 0xFFFFu;
   std::uint32_t kept_total = (cta_total >> 16) + min(cta_total & 0xFFFFu, keep_equal);
-  std::uint32_t* out_key = smem;
-  std::uint32_t* out_col = smem + p.survivor_slots;
   if constexpr (kClustered) {
-    if (tid == 0) {
-      for (unsigned r = 0; r < ctas; ++r) {
-        *cluster_map(&s.cta_greater[rank], r) = cta_total >> 16;
-        *cluster_map(&s.cta_equal[rank], r) = cta_total & 0xFFFFu;
-      }
+    if (tid < ctas) {
+      cluster_store(&s.cta_greater[rank], tid, cta_total >> 16);
+      cluster_store(&s.cta_equal[rank], tid, cta_total & 0xFFFFu);
     }
     cluster_sync();
     std::uint32_t all_greater = 0, all_equal = 0;
@@ -389,19 +354,36 @@ __global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const To
       all_equal += s.cta_equal[r];
     }
     kept_total = all_greater + min(all_equal, keep_equal);
-    out_key = cluster_map(out_key, 0);
-    out_col = cluster_map(out_col, 0);
   }
   std::uint32_t pos = greater_before + min(equal_before, keep_equal);
-  for_each(cand, [&](std::uint32_t bits, int i) {
-    const std::uint32_t score = score_of<Traits>(bits, p.sp);
-    const bool is_equal = score == kth;
-    if (score > kth || (is_equal && equal_before < keep_equal)) {
-      out_key[pos] = score;
-      out_col[pos] = static_cast<std::uint32_t>(c0 + i);
-      ++pos;
+  auto for_each_kept = [&](auto&& fn) {
+    for_each(cand, [&](std::uint32_t bits, int i) {
+      const std::uint32_t score = score_of<Traits>(bits, p.sp);
+      const bool is_equal = score == kth;
+      if (score > kth || (is_equal && equal_before < keep_equal)) fn(bits, score, i);
+      equal_before += is_equal;
+    });
+  };
+  if (!p.sort_by_value) {
+    // Column order is the output order: every CTA writes its kept elements in place, and CTA 0
+    // the padding.
+    const std::int64_t offset =
+        load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
+    for_each_kept([&](std::uint32_t bits, std::uint32_t, int i) {
+      write_slot_bits<Traits>(p, b, pos++, true, static_cast<std::uint32_t>(c0 + i), offset, bits);
+    });
+    if (rank == 0) {
+      for (std::int64_t j = kept_total + tid; j < p.k; j += kThreads) {
+        write_slot_bits<Traits>(p, b, j, false, 0u, offset, 0u);
+      }
     }
-    equal_before += is_equal;
+    return;
+  }
+  // sorted="value": the kept elements go to CTA 0, which sorts them.
+  for_each_kept([&](std::uint32_t, std::uint32_t score, int i) {
+    cluster_store(smem + pos, 0, score);
+    cluster_store(smem + p.survivor_slots + pos, 0, static_cast<std::uint32_t>(c0 + i));
+    ++pos;
   });
   if constexpr (kClustered) {
     cluster_sync();  // the kept elements are in CTA 0; the others are done with every copy
@@ -409,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_cluster_rows_kernel(const To
   } else {
     __syncthreads();
   }
-  if (p.sort_by_value && kept_total > 1) {
+  if (kept_total > 1) {
     sort_best_first<kThreads>(smem, smem + p.survivor_slots, kept_total, next_pow2(kept_total));
   }
   write_outputs<Traits, kThreads>(p, b, Candidates{smem, smem + p.survivor_slots, kept_total});

@@ -466,13 +466,12 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   return any_nan;
 }
 
-/// Writes output slot j of row b: column `col` (plus `offset`) and its value when `real`, else
-/// the fills. Values are read back from x by column (a hit in L2, which just streamed the
-/// row), so they are the input's bits exactly: -0.0 and NaN payloads survive.
+/// Writes output slot j of row b: column `col` (plus `offset`) and the value `bits` when `real`,
+/// else the fills.
 template <class Traits>
-__device__ __forceinline__ void write_slot(const TopkKernelParams& p, std::int64_t b,
-                                           std::int64_t j, bool real, std::uint32_t col,
-                                           std::int64_t offset) {
+__device__ __forceinline__ void write_slot_bits(const TopkKernelParams& p, std::int64_t b,
+                                                std::int64_t j, bool real, std::uint32_t col,
+                                                std::int64_t offset, std::uint32_t bits) {
   using Bits = typename Traits::Bits;
   if (p.indices_int64) {
     static_cast<std::int64_t*>(p.indices)[b * p.indices_row_stride + j] =
@@ -482,10 +481,21 @@ __device__ __forceinline__ void write_slot(const TopkKernelParams& p, std::int64
         real ? offset_index32(col, offset) : static_cast<std::int32_t>(p.index_fill);
   }
   if (p.values != nullptr) {
-    const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
     static_cast<Bits*>(p.values)[b * p.values_row_stride + j] =
-        real ? row[col] : static_cast<Bits>(p.value_fill_bits);
+        static_cast<Bits>(real ? bits : p.value_fill_bits);
   }
+}
+
+/// write_slot_bits with the value read back from x by column (a hit in L2, which just streamed
+/// the row), so that it is the input's bits exactly: -0.0 and NaN payloads survive.
+template <class Traits>
+__device__ __forceinline__ void write_slot(const TopkKernelParams& p, std::int64_t b,
+                                           std::int64_t j, bool real, std::uint32_t col,
+                                           std::int64_t offset) {
+  using Bits = typename Traits::Bits;
+  const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
+  const std::uint32_t bits = real && p.values != nullptr ? row[col] : 0u;
+  write_slot_bits<Traits>(p, b, j, real, col, offset, bits);
 }
 
 /// Writes row b's outputs from the finished candidates, then the padding.

@@ -37,14 +37,16 @@ struct ShortScratch {
   std::uint32_t warp_totals[32];
   std::uint32_t pivot_digit;
   std::uint32_t pivot_need;
+  std::uint32_t pivot_count;
   std::uint32_t candidates;
 };
 
 /// Finds, in hist[0..bins) (counts by digit), the digit D holding the need-th best: the
 /// candidates of digits above D number fewer than need, those of digits >= D at least need.
-/// Leaves D and need minus the count above D in s.pivot_digit / s.pivot_need (untouched when
-/// the total is below need), and the total in s.candidates. Every thread must call it; the
-/// histogram must be complete (barrier before). Ends with a barrier.
+/// Leaves D, need minus the count above D and D's count in s.pivot_digit / s.pivot_need /
+/// s.pivot_count (untouched when the total is below need), and the total in s.candidates.
+/// Every thread must call it; the histogram must be complete (barrier before). Ends with a
+/// barrier.
 template <int kThreads, class Scratch>
 __device__ void find_pivot_digit(Scratch& s, const std::uint32_t* hist, int bins,
                                  std::uint32_t need) {
@@ -60,6 +62,7 @@ __device__ void find_pivot_digit(Scratch& s, const std::uint32_t* hist, int bins
       if (above + c >= need) {
         s.pivot_digit = static_cast<std::uint32_t>(bins - 1 - (first + i));
         s.pivot_need = need - above;
+        s.pivot_count = c;
         break;
       }
       above += c;
