@@ -366,6 +366,38 @@ TEST_F(TopkCuda, SmallEveryOption) {
   }
 }
 
+// Rows of 8K..128K columns in small batches take one thread-block cluster per row on sm_90
+// (up to 16 CTAs pooling histograms and counts): every option there, with rows that end inside
+// any CTA of the cluster.
+TEST_F(TopkCuda, SmallClusterEveryOption) {
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  const attnkit::TopkOrder orders[] = {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kIndex,
+                                       attnkit::TopkOrder::kValue};
+  const std::int64_t lengths[] = {8193, 20000, 65543, 131072};
+  const std::int64_t ks[] = {7, 512, 4096};
+  std::uint64_t seed = 5000;
+  for (int variant = 0; variant < 12; ++variant) {
+    Case c;
+    c.dtype = dtypes[variant % 3];
+    c.order = orders[(variant / 3) % 3];
+    c.batch = 1 + variant % 3;
+    c.n = lengths[variant % 4];
+    c.k = ks[(variant / 4) % 3];
+    c.dist = static_cast<Dist>(variant % kDists);
+    c.largest = variant % 2 == 0;
+    c.nan = variant % 4 == 3 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+    c.ragged = variant % 3 != 0;
+    c.offset = variant % 2 == 1;
+    c.int32_indices = variant % 2 == 0;
+    c.values = variant != 5;
+    c.misalign = variant % 4;
+    c.pad = variant * 5;
+    c.out_pad = variant % 3;
+    c.seed = seed++;
+    check_case(c);
+  }
+}
+
 TEST_F(TopkCuda, SmallDistributions) {
   std::uint64_t seed = 500;
   for (int d = 0; d < kDists; ++d) {

@@ -136,31 +136,45 @@ void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
   cuda_check_launch(name);
 }
 
-/// Launches `ctas` CTAs per row as one thread-block cluster each (sm_90; sizes above 8 are
-/// non-portable and opted into here).
+/// cudaLaunchKernelEx's form of `blocks` CTAs of `threads` in clusters of `ctas`.
+struct ClusterConfig {
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+
+  ClusterConfig(std::int64_t blocks, int ctas, int threads, std::size_t smem, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(ctas);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  ClusterConfig(const ClusterConfig&) = delete;  // config points into this object
+  ClusterConfig& operator=(const ClusterConfig&) = delete;
+};
+
+/// Opts `kernel` into `smem` bytes of dynamic shared memory and clusters of up to 16 CTAs (more
+/// than 8 is non-portable).
 template <class Kernel>
-void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, std::size_t smem,
-                      cudaStream_t stream, const TopkKernelParams& p, const char* name) {
+void allow_clusters(Kernel kernel, std::size_t smem, const char* name) {
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)),
              name);
-  if (ctas > 8) {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-               name);
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(rows * ctas));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(ctas);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  cuda_check(cudaLaunchKernelEx(&config, kernel, p), name);
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+             name);
+}
+
+/// Launches `ctas` CTAs per row as one thread-block cluster each (sm_90).
+template <class Kernel>
+void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, std::size_t smem,
+                      cudaStream_t stream, const TopkKernelParams& p, const char* name) {
+  allow_clusters(kernel, smem, name);
+  const ClusterConfig launch(rows * ctas, ctas, threads, smem, stream);
+  cuda_check(cudaLaunchKernelEx(&launch.config, kernel, p), name);
   cuda_check_launch(name);
 }
 
@@ -245,25 +259,12 @@ int max_cluster_ctas() {
              "cudaDeviceGetAttribute(clusterLaunch)");
   if (attributes.binaryVersion < 90 || cluster_launch == 0) return 1;
   const std::size_t smem = 2 * sizeof(std::uint32_t) * kMaxFilterK;  // the largest k's lists
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "cudaFuncSetAttribute");
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-             "cudaFuncSetAttribute");
+  allow_clusters(kernel, smem, "cudaFuncSetAttribute");
   for (int ctas = kMaxClusterCtas; ctas > 1; ctas /= 2) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(ctas));
-    config.blockDim = dim3(kShortThreads);
-    config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(ctas);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    const ClusterConfig launch(ctas, ctas, kShortThreads, smem, nullptr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess &&
+        clusters > 0) {
       return ctas;
     }
     (void)cudaGetLastError();  // an unsupported size is an answer, not an error
