@@ -334,6 +334,19 @@ class TopkCuda : public ::testing::Test {
   }
 };
 
+/// The option axes of the every-option tests, cycled by `variant` at different periods so that
+/// the combinations differ from case to case.
+void set_variant_options(Case& c, int variant) {
+  c.largest = variant % 2 == 0;
+  c.nan = variant % 4 == 3 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+  c.offset = variant % 2 == 1;
+  c.int32_indices = variant % 2 == 0;
+  c.values = variant != 5;
+  c.misalign = variant % 4;
+  c.pad = variant * 5;
+  c.out_pad = variant % 3;
+}
+
 TEST_F(TopkCuda, SmallEveryOption) {
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   const attnkit::TopkOrder orders[] = {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kIndex,
@@ -350,15 +363,8 @@ TEST_F(TopkCuda, SmallEveryOption) {
         c.n -= variant % 2 ? 3 : 0;
         c.k = variant % 3 == 0 ? 1 : variant % 3 == 1 ? 7 : c.n / 3 + 1;
         c.dist = static_cast<Dist>(variant % 10);
-        c.largest = variant % 2 == 0;
-        c.nan = variant % 4 == 3 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+        set_variant_options(c, variant);
         c.ragged = variant % 3 == 2;
-        c.offset = variant % 2 == 1;
-        c.int32_indices = variant % 2 == 0;
-        c.values = variant != 5;
-        c.misalign = variant % 4;
-        c.pad = variant * 5;
-        c.out_pad = variant % 3;
         c.seed = seed++;
         check_case(c);
       }
@@ -384,15 +390,8 @@ TEST_F(TopkCuda, SmallClusterEveryOption) {
     c.n = lengths[variant % 4];
     c.k = ks[(variant / 4) % 3];
     c.dist = static_cast<Dist>(variant % kDists);
-    c.largest = variant % 2 == 0;
-    c.nan = variant % 4 == 3 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+    set_variant_options(c, variant);
     c.ragged = variant % 3 != 0;
-    c.offset = variant % 2 == 1;
-    c.int32_indices = variant % 2 == 0;
-    c.values = variant != 5;
-    c.misalign = variant % 4;
-    c.pad = variant * 5;
-    c.out_pad = variant % 3;
     c.seed = seed++;
     check_case(c);
   }
