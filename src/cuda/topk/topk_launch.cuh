@@ -247,7 +247,9 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
 }
 
 /// The largest cluster (CTAs per row, a power of two) the cluster kernel can run with on the
-/// current device: 1 before sm_90, or when this binary lacks sm_90 code for it.
+/// current device: 1 before sm_90, or when the kernel's code on this device was not compiled
+/// for sm_90 or newer (ptxVersion: e.g. compute_80 PTX compiled at load time on a newer GPU,
+/// whose cluster primitives are single-CTA stand-ins).
 template <class Traits>
 int max_cluster_ctas() {
   auto kernel = topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>;
@@ -257,7 +259,9 @@ int max_cluster_ctas() {
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device),
              "cudaDeviceGetAttribute(clusterLaunch)");
-  if (attributes.binaryVersion < 90 || cluster_launch == 0) return 1;
+  if (attributes.ptxVersion < 90 || attributes.binaryVersion < 90 || cluster_launch == 0) {
+    return 1;
+  }
   const std::size_t smem = 2 * sizeof(std::uint32_t) * kMaxFilterK;  // the largest k's lists
   allow_clusters(kernel, smem, "cudaFuncSetAttribute");
   for (int ctas = kMaxClusterCtas; ctas > 1; ctas /= 2) {
