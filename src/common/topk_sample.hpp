@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Where the CUDA rows-in-registers top-k kernel samples a row (kernels/topk_short.cuh, step 1):
-// shared with the tests, which plant the row's best values exactly there to make the sample
-// overestimate the row and so exercise the kernel's second, full select.
+// The register tiles of the CUDA short-row and cluster top-k kernels, and where the cluster
+// kernel samples a row (kernels/topk_cluster.cuh, step 1): shared with the tests, which plant
+// the row's best values exactly there to make the sample overestimate the row and so exercise
+// the kernel's second, full select.
 #pragma once
 
 #include <cstdint>

@@ -71,8 +71,8 @@ void with_traits(DType dtype, Fn&& fn) {
   throw Error(ErrorCode::kInternal, "cuda topk: unexpected dtype after checks");
 }
 
-/// The largest cluster the rows-in-registers kernel runs with for this dtype on this device
-/// (cached; the query launches nothing).
+/// The largest cluster the cluster kernel runs with for this dtype on this device (cached; the
+/// query launches nothing).
 int cluster_limit(const TopkProblem& p) {
   static std::mutex mutex;
   static std::array<std::array<int, 3>, 64> cache{};

@@ -72,6 +72,11 @@ struct BufferPlan {
   std::size_t smem() const { return std::size_t{8} * (2 * survivor_slots + newcomer_slots); }
 };
 
+/// Dynamic shared memory of the short-row and cluster kernels: the kept keys and columns.
+inline std::size_t kept_list_bytes(std::uint32_t survivor_slots) {
+  return 2 * sizeof(std::uint32_t) * survivor_slots;
+}
+
 inline std::uint32_t next_pow2_host(std::uint32_t v) {
   std::uint32_t p = 1;
   while (p < v) p <<= 1;
@@ -108,7 +113,6 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 // ---------------------------------------------------------------------------------------------
 
 enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster };
-
 
 struct TopkPlan {
   TopkPath path = TopkPath::kFilter;
@@ -173,8 +177,8 @@ template <class Kernel>
 void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, std::size_t smem,
                       cudaStream_t stream, const TopkKernelParams& p, const char* name) {
   allow_clusters(kernel, smem, name);
-  const ClusterConfig launch(rows * ctas, ctas, threads, smem, stream);
-  cuda_check(cudaLaunchKernelEx(&launch.config, kernel, p), name);
+  const ClusterConfig cluster(rows * ctas, ctas, threads, smem, stream);
+  cuda_check(cudaLaunchKernelEx(&cluster.config, kernel, p), name);
   cuda_check_launch(name);
 }
 
@@ -208,7 +212,7 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   TopkKernelParams p = params;
   if (plan.path == TopkPath::kShort) {
     p.survivor_slots = plan.rows.survivor_slots;
-    const std::size_t smem = 2 * sizeof(std::uint32_t) * plan.rows.survivor_slots;  // keys, columns
+    const std::size_t smem = kept_list_bytes(plan.rows.survivor_slots);
     launch(topk_short_rows_kernel<Traits, kShortThreads, kShortPerThread>, plan.batch,
            kShortThreads, smem, stream, p, "topk_short_rows_kernel");
     return;
@@ -216,7 +220,7 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   if (plan.path == TopkPath::kCluster) {
     p.survivor_slots = plan.rows.survivor_slots;
     p.cluster_ctas = plan.cluster_ctas;
-    const std::size_t smem = 2 * sizeof(std::uint32_t) * plan.rows.survivor_slots;  // keys, columns
+    const std::size_t smem = kept_list_bytes(plan.rows.survivor_slots);
     if (plan.cluster_ctas == 1) {
       launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
              kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
@@ -262,12 +266,12 @@ int max_cluster_ctas() {
   if (attributes.ptxVersion < 90 || attributes.binaryVersion < 90 || cluster_launch == 0) {
     return 1;
   }
-  const std::size_t smem = 2 * sizeof(std::uint32_t) * kMaxFilterK;  // the largest k's lists
+  const std::size_t smem = kept_list_bytes(kMaxFilterK);  // the largest k's lists
   allow_clusters(kernel, smem, "cudaFuncSetAttribute");
   for (int ctas = kMaxClusterCtas; ctas > 1; ctas /= 2) {
-    const ClusterConfig launch(ctas, ctas, kShortThreads, smem, nullptr);
+    const ClusterConfig cluster(ctas, ctas, kShortThreads, smem, nullptr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess &&
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cluster.config) == cudaSuccess &&
         clusters > 0) {
       return ctas;
     }

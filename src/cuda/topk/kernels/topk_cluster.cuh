@@ -120,17 +120,13 @@ __device__ __forceinline__ void cluster_store(std::uint32_t* p, unsigned rank, s
 #endif
 }
 
-template <int kThreads, bool kClustered>
+template <bool kClustered>
 struct ClusterScratch {
   std::uint32_t hist[2][kShortBins];  // digit counts of the row, alternating between passes
   std::uint32_t local[kClustered ? kShortBins : 1];  // this CTA's counts, before they are pooled
-  std::uint32_t warp_totals[32];
   std::uint32_t cta_greater[kMaxClusterCtas];  // kept-element counts of each cluster CTA
   std::uint32_t cta_equal[kMaxClusterCtas];
-  std::uint32_t pivot_digit;
-  std::uint32_t pivot_need;
-  std::uint32_t pivot_count;
-  std::uint32_t candidates;
+  PivotState pivot;
 };
 
 template <class Traits, int kThreads, int kPerThread, bool kClustered>
@@ -142,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
   static_assert(kPerThread == 32, "one 32-bit candidate mask per thread");
   // Kept keys and columns, [2][survivor_slots] (CTA 0's are the cluster's).
   extern __shared__ __align__(16) std::uint32_t smem[];
-  __shared__ ClusterScratch<kThreads, kClustered> s;
+  __shared__ ClusterScratch<kClustered> s;
 
   const unsigned ctas = kClustered ? static_cast<unsigned>(p.cluster_ctas) : 1u;
   const unsigned rank = kClustered ? cluster_rank() : 0u;
@@ -162,20 +158,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
   for (int q = 0; q < kVecs; ++q) {
     const std::uint32_t vm = (valid >> (q * kVec)) & kVecMask;
     const std::int64_t col = c0 + q * kVec;
-    if (vm == kVecMask && aligned) {
-      v[q] = __ldg(reinterpret_cast<const uint4*>(row + col));
-    } else {
-      std::uint32_t words[4] = {};
-      constexpr int kPerWord = kVec / 4;  // elements in a 32-bit word
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if ((vm >> j) & 1u) {
-          words[j / kPerWord] |= static_cast<std::uint32_t>(row[col + j])
-                                 << ((j % kPerWord) * (32 / kPerWord));
-        }
-      }
-      v[q] = uint4{words[0], words[1], words[2], words[3]};
-    }
+    v[q] = vm == kVecMask && aligned ? __ldg(reinterpret_cast<const uint4*>(row + col))
+                                     : load_vector_prefix<kVec>(row + col, __popc(vm));
   }
   for (int i = tid; i < 2 * kShortBins; i += kThreads) (&s.hist[0][0])[i] = 0;
   if constexpr (kClustered) {
@@ -222,14 +206,14 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
       }
       cluster_sync();
     }
-    find_pivot_digit<kThreads>(s, s.hist[h], kShortBins, need);
+    find_pivot_digit<kThreads>(s.pivot, s.hist[h], kShortBins, need);
     for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
     h ^= 1;
   };
   __syncthreads();  // the histograms are clear
   if constexpr (kClustered) cluster_arrive();  // completed by the first pooling, below
 
-  // 1. Sample: a floor that about 1.5 k of the row's elements beat.
+  // 1. Sample: a floor that about 1.5-3 k of the row's elements beat.
   constexpr int kKeyBits = Traits::kBits;
   constexpr int kTopShift = kKeyBits - kShortDigitBits;
   const int every = short_sample_every(static_cast<int>(ctas));
@@ -254,8 +238,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
   const auto sample_need = static_cast<std::uint32_t>(expected + 3.0f * sqrtf(expected) + 2.0f);
   finish_pass(sample_need);
   std::uint32_t floor_score = kExcludedScore;  // candidates score above it
-  if (s.candidates >= sample_need && s.pivot_digit > 0) {
-    floor_score = (s.pivot_digit << kTopShift) - 1u;
+  if (s.pivot.candidates >= sample_need && s.pivot.digit > 0) {
+    floor_score = (s.pivot.digit << kTopShift) - 1u;
   }
 
   // 2. Candidates: the valid elements scoring above the floor.
@@ -295,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
       if (score >= range_lo && score <= range_hi) count_digit(min((score - range_lo) >> shift, last));
     });
     finish_pass(need);
-    if (first && s.candidates < need && floor_score != kExcludedScore) {
+    if (first && s.pivot.candidates < need && floor_score != kExcludedScore) {
       // The sample overestimated the row: every valid element competes.
       floor_score = kExcludedScore;
       cand = mark_candidates();
@@ -304,13 +288,13 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
       continue;
     }
     first = false;
-    if (s.candidates <= need) break;  // every candidate in [range_lo, range_hi] is kept (kth = range_lo - 1)
-    const std::uint32_t d = s.pivot_digit;
+    if (s.pivot.candidates <= need) break;  // all of [range_lo, range_hi] kept: kth = range_lo - 1
+    const std::uint32_t d = s.pivot.digit;
     const std::uint32_t bin_lo = range_lo + (d << shift);
     const std::uint32_t width = (1u << shift) - 1u;  // the bin's span, less one
     const std::uint32_t bin_hi = d == last || range_hi - bin_lo <= width ? range_hi : bin_lo + width;
-    const std::uint32_t in_bin = s.pivot_count;
-    need = s.pivot_need;
+    const std::uint32_t in_bin = s.pivot.count;
+    need = s.pivot.need;
     range_lo = bin_lo;
     range_hi = bin_hi;
     if (range_lo == range_hi || in_bin == need) break;
@@ -319,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
     const int bits_needed = 32 - __clz(span);
     shift = bits_needed > kShortDigitBits ? bits_needed - kShortDigitBits : 0;
   }
-  if (range_lo == range_hi && s.candidates > need) {
+  if (range_lo == range_hi && s.pivot.candidates > need) {
     kth = range_lo;
     keep_equal = need;
   } else {
@@ -335,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
   });
   std::uint32_t cta_total;
   const std::uint32_t before =
-      block_exclusive_sum<kThreads>((greater << 16) | equal, s.warp_totals, cta_total);
+      block_exclusive_sum<kThreads>((greater << 16) | equal, s.pivot.warp_totals, cta_total);
   std::uint32_t greater_before = before >> 16, equal_before = before & 0xFFFFu;
   std::uint32_t kept_total = (cta_total >> 16) + min(cta_total & 0xFFFFu, keep_equal);
   if constexpr (kClustered) {

@@ -113,6 +113,22 @@ __device__ __forceinline__ std::uint32_t vector_element(const uint4& v, int j) {
   }
 }
 
+/// The first n (<= kVec) elements at p as a 16-byte vector, zeros after them, read element by
+/// element: a row's last, partial vector (nothing past the row is touched), or a vector at an
+/// address that is not 16-byte aligned.
+template <int kVec, class Bits>
+__device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
+  constexpr int kPerWord = kVec / 4;  // elements in a 32-bit word
+  std::uint32_t words[4] = {};
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    if (j < n) {
+      words[j / kPerWord] |= static_cast<std::uint32_t>(p[j]) << ((j % kPerWord) * (32 / kPerWord));
+    }
+  }
+  return uint4{words[0], words[1], words[2], words[3]};
+}
+
 /// Elements per 16-byte vector and vectors per thread per round: two vectors (16 elements of
 /// 16 bits, 8 of fp32), so that a round's fixed cost (one barrier, one vote) is spread wide
 /// while a round in flight and the one being filtered fit the registers.

@@ -31,24 +31,27 @@ namespace attnkit::detail::cuda {
 constexpr int kShortDigitBits = 11;  // the widest digit
 constexpr int kShortBins = 1 << kShortDigitBits;
 
-template <int kThreads>
+/// What find_pivot_digit leaves for the whole block, and its scan's scratch.
+struct PivotState {
+  std::uint32_t warp_totals[32];
+  std::uint32_t digit;       // the digit holding the need-th best
+  std::uint32_t need;        // need less the count of the digits above it
+  std::uint32_t count;       // the digit's own count
+  std::uint32_t candidates;  // the histogram's total
+};
+
 struct ShortScratch {
   std::uint32_t hist[kShortBins];
-  std::uint32_t warp_totals[32];
-  std::uint32_t pivot_digit;
-  std::uint32_t pivot_need;
-  std::uint32_t pivot_count;
-  std::uint32_t candidates;
+  PivotState pivot;
 };
 
 /// Finds, in hist[0..bins) (counts by digit), the digit D holding the need-th best: the
 /// candidates of digits above D number fewer than need, those of digits >= D at least need.
-/// Leaves D, need minus the count above D and D's count in s.pivot_digit / s.pivot_need /
-/// s.pivot_count (untouched when the total is below need), and the total in s.candidates.
-/// Every thread must call it; the histogram must be complete (barrier before). Ends with a
-/// barrier.
-template <int kThreads, class Scratch>
-__device__ void find_pivot_digit(Scratch& s, const std::uint32_t* hist, int bins,
+/// Leaves D, need minus the count above D and D's count in s.digit / s.need / s.count
+/// (untouched when the total is below need), and the total in s.candidates. Every thread must
+/// call it; the histogram must be complete (barrier before). Ends with a barrier.
+template <int kThreads>
+__device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, int bins,
                                  std::uint32_t need) {
   const int per = bins > kThreads ? bins / kThreads : 1;  // digits a thread owns, top down
   const int first = threadIdx.x * per;
@@ -60,9 +63,9 @@ __device__ void find_pivot_digit(Scratch& s, const std::uint32_t* hist, int bins
     for (int i = 0; i < per; ++i) {
       const std::uint32_t c = hist[bins - 1 - (first + i)];
       if (above + c >= need) {
-        s.pivot_digit = static_cast<std::uint32_t>(bins - 1 - (first + i));
-        s.pivot_need = need - above;
-        s.pivot_count = c;
+        s.digit = static_cast<std::uint32_t>(bins - 1 - (first + i));
+        s.need = need - above;
+        s.count = c;
         break;
       }
       above += c;
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
   static_assert(kPerThread % kVec == 0, "whole vectors per thread");
   extern __shared__ __align__(16) std::uint32_t smem[];  // kept keys and columns, [2][slots]
-  __shared__ ShortScratch<kThreads> s;
+  __shared__ ShortScratch s;
 
   const std::int64_t b = blockIdx.x;
   std::int64_t lo, hi;
@@ -104,16 +107,7 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
       if (col + kVec <= hi) {
         data = __ldg(reinterpret_cast<const uint4*>(row + col));
       } else if (col < hi) {  // the row's last, partial vector: only its real elements
-        constexpr int kPerWord = kVec / 4;  // elements in a 32-bit word
-        std::uint32_t words[4] = {};
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          if (col + j < hi) {
-            words[j / kPerWord] |= static_cast<std::uint32_t>(row[col + j])
-                                   << ((j % kPerWord) * (32 / kPerWord));
-          }
-        }
-        data = uint4{words[0], words[1], words[2], words[3]};
+        data = load_vector_prefix<kVec>(row + col, static_cast<int>(hi - col));
       }
 #pragma unroll
       for (int j = 0; j < kVec; ++j) sc[v * kVec + j] = score_at(vector_element<kVec>(data, j), col + j);
@@ -148,13 +142,13 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
       if (match) atomicAdd(&s.hist[(sc[i] >> shift) & ((1u << width) - 1u)], 1u);
     }
     __syncthreads();
-    find_pivot_digit<kThreads>(s, s.hist, 1 << width, need);
-    if (pass == 0 && s.candidates <= need) {  // uniform: every candidate is kept
+    find_pivot_digit<kThreads>(s.pivot, s.hist, 1 << width, need);
+    if (pass == 0 && s.pivot.candidates <= need) {  // uniform: every candidate is kept
       all_kept = true;
       break;
     }
-    prefix |= s.pivot_digit << shift;
-    need = s.pivot_need;
+    prefix |= s.pivot.digit << shift;
+    need = s.pivot.need;
     __syncthreads();  // pivot read by all before the next pass rewrites it
   }
   // Kept: score > kth, or score == kth among the first `keep_equal` such in column order.
@@ -169,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
   }
   std::uint32_t total;
   const std::uint32_t before =
-      block_exclusive_sum<kThreads>((greater << 16) | equal, s.warp_totals, total);
+      block_exclusive_sum<kThreads>((greater << 16) | equal, s.pivot.warp_totals, total);
   const std::uint32_t kept = (total >> 16) + min(total & 0xFFFFu, keep_equal);
   const std::uint32_t slots = p.survivor_slots;
   std::uint32_t* key = smem;
