@@ -45,22 +45,22 @@ struct ShortScratch {
   PivotState pivot;
 };
 
-/// Finds, in hist[0..bins) (counts by digit), the digit D holding the need-th best: the
+/// Finds, in hist[lowest..bins) (counts by digit), the digit D holding the need-th best: the
 /// candidates of digits above D number fewer than need, those of digits >= D at least need.
 /// Leaves D, need minus the count above D and D's count in s.digit / s.need / s.count
 /// (untouched when the total is below need), and the total in s.candidates. Every thread must
 /// call it; the histogram must be complete (barrier before). Ends with a barrier.
 template <int kThreads>
 __device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, int bins,
-                                 std::uint32_t need) {
+                                 std::uint32_t need, int lowest = 0) {
   const int per = bins > kThreads ? bins / kThreads : 1;  // digits a thread owns, top down
   const int first = threadIdx.x * per;
   std::uint32_t count = 0;
-  for (int i = 0; i < per && first + i < bins; ++i) count += hist[bins - 1 - (first + i)];
+  for (int i = 0; i < per && first + i < bins - lowest; ++i) count += hist[bins - 1 - (first + i)];
   std::uint32_t total;
   std::uint32_t above = block_exclusive_sum<kThreads>(count, s.warp_totals, total);
   if (above < need && need <= above + count) {
-    for (int i = 0; i < per; ++i) {
+    for (int i = 0; i < per && first + i < bins - lowest; ++i) {
       const std::uint32_t c = hist[bins - 1 - (first + i)];
       if (above + c >= need) {
         s.digit = static_cast<std::uint32_t>(bins - 1 - (first + i));
@@ -75,8 +75,19 @@ __device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, int b
   __syncthreads();
 }
 
+/// Adds 1 to *counter in shared memory when `pred` holds, as a predicated reduction: a branch
+/// around an atomic costs three more instructions (BSSY/BRA/BSYNC) for every element.
+__device__ __forceinline__ void shared_count_if(bool pred, std::uint32_t* counter) {
+  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(counter));
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0;\n\t@p red.shared.add.u32 [%1], 1;\n\t}" ::"r"(
+          static_cast<std::uint32_t>(pred)),
+      "r"(address)
+      : "memory");
+}
+
 template <class Traits, int kThreads, int kPerThread>
-__global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKernelParams p) {
+__global__ void __launch_bounds__(kThreads, 2) topk_short_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
   static_assert(kPerThread % kVec == 0, "whole vectors per thread");
@@ -89,39 +100,53 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
   const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   const int tid = threadIdx.x;
   const std::int64_t c0 = lo + static_cast<std::int64_t>(tid) * kPerThread;
-  const bool track_nan = p.nan_flag != nullptr;
+  // This thread's columns in [lo, hi) are c0 .. c0 + valid - 1. The per-element work below
+  // tests no column bounds: they cost more instructions than the scores themselves.
+  const std::int64_t rest = hi - c0;
+  const int valid = rest <= 0 ? 0 : (rest >= kPerThread ? kPerThread : static_cast<int>(rest));
 
-  // Scores of this thread's columns c0 .. c0 + kPerThread - 1 (0 outside [lo, hi)).
   std::uint32_t sc[kPerThread];
-  bool any_nan = false;
-  auto score_at = [&](std::uint32_t bits, std::int64_t col) {
-    if (col >= hi) return kExcludedScore;
-    if (track_nan) any_nan |= is_nan_bits<Traits>(bits);
-    return score_of<Traits>(bits, p.sp);
-  };
   if (reinterpret_cast<std::uintptr_t>(row + lo) % 16 == 0) {
 #pragma unroll
     for (int v = 0; v < kPerThread / kVec; ++v) {
-      const std::int64_t col = c0 + v * kVec;
+      const int first = v * kVec;
       uint4 data{};
-      if (col + kVec <= hi) {
-        data = __ldg(reinterpret_cast<const uint4*>(row + col));
-      } else if (col < hi) {  // the row's last, partial vector: only its real elements
-        data = load_vector_prefix<kVec>(row + col, static_cast<int>(hi - col));
+      if (first + kVec <= valid) {
+        data = __ldg(reinterpret_cast<const uint4*>(row + c0 + first));
+      } else if (first < valid) {  // the row's last, partial vector: only its real elements
+        data = load_vector_prefix<kVec>(row + c0 + first, valid - first);
       }
+      if constexpr (Traits::kBits == 16) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) sc[v * kVec + j] = score_at(vector_element<kVec>(data, j), col + j);
+        for (int w = 0; w < 4; ++w) {
+          const std::uint32_t pair = score_pair_of<Traits>(vector_word(data, w), p.sp);
+          sc[first + 2 * w] = pair & 0xFFFFu;
+          sc[first + 2 * w + 1] = pair >> 16;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) sc[first + j] = score_of<Traits>(vector_word(data, j), p.sp);
+      }
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const std::int64_t col = c0 + i;
-      sc[i] = score_at(col < hi ? row[col] : Bits{0}, col);
-    }
+    for (int i = 0; i < kPerThread; ++i) sc[i] = score_of<Traits>(i < valid ? row[c0 + i] : Bits{0}, p.sp);
   }
-  if (track_nan && __syncthreads_or(any_nan) && tid == 0) *p.nan_flag = 1;
+  if (valid < kPerThread) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) sc[i] = i < valid ? sc[i] : kExcludedScore;
+  }
+  if (p.nan_flag != nullptr) {  // nan="raise": only a NaN has nan_score, and it is not 0
+    bool any_nan = false;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) any_nan |= sc[i] == p.sp.nan_score;
+    if (__syncthreads_or(any_nan) && tid == 0) *p.nan_flag = 1;
+  }
 
-  // Radix select of the k_select-th best score over the candidates (score != 0).
+  // Radix select of the k_select-th best score over the candidates (score != 0). Every number's
+  // score is at least 0x7E for 16-bit types and 0x7FFFFE for fp32 (docs/topk.md "Scores"), so
+  // the first pass's bin 0 holds only excluded scores: it counts every element unconditionally
+  // and the pivot search starts at bin 1.
   constexpr int kKeyBits = Traits::kBits;
   constexpr int kPasses = kKeyBits == 16 ? 2 : 3;
   constexpr int kWidth[3] = {11, kKeyBits == 16 ? 5 : 11, 10};
@@ -131,18 +156,24 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int width = kWidth[pass];
-    const int above_shift = shift;  // bits fixed by earlier passes are those >= shift
+    const int above_shift = shift;  // bits fixed by earlier passes are those >= above_shift
     shift -= width;
     for (int i = tid; i < kShortBins; i += kThreads) s.hist[i] = 0;
     __syncthreads();
+    if (pass == 0) {
+      if (valid > 0) {
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const bool match = sc[i] != kExcludedScore &&
-                         (pass == 0 || (sc[i] >> above_shift) == (prefix >> above_shift));
-      if (match) atomicAdd(&s.hist[(sc[i] >> shift) & ((1u << width) - 1u)], 1u);
+        for (int i = 0; i < kPerThread; ++i) atomicAdd(&s.hist[sc[i] >> shift], 1u);
+      }
+    } else {
+      const std::uint32_t span = 1u << above_shift;  // the prefix's scores: prefix + [0, span)
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        shared_count_if(sc[i] - prefix < span, &s.hist[(sc[i] >> shift) & ((1u << width) - 1u)]);
+      }
     }
     __syncthreads();
-    find_pivot_digit<kThreads>(s.pivot, s.hist, 1 << width, need);
+    find_pivot_digit<kThreads>(s.pivot, s.hist, 1 << width, need, pass == 0 ? 1 : 0);
     if (pass == 0 && s.pivot.candidates <= need) {  // uniform: every candidate is kept
       all_kept = true;
       break;
@@ -152,15 +183,22 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
     __syncthreads();  // pivot read by all before the next pass rewrites it
   }
   // Kept: score > kth, or score == kth among the first `keep_equal` such in column order.
-  const std::uint32_t kth = all_kept ? 0u : prefix;
+  const std::uint32_t kth = all_kept ? kExcludedScore : prefix;
   const std::uint32_t keep_equal = all_kept ? 0u : need;
 
   std::uint32_t greater = 0, equal = 0;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    greater += sc[i] > kth;
-    equal += sc[i] == kth && kth != kExcludedScore;
+    if constexpr (kKeyBits == 16) {  // 16-bit scores: the sign of a difference is the comparison
+      greater += (kth - sc[i]) >> 31;
+      equal += (kth - 1u - sc[i]) >> 31;  // at least kth, for now
+    } else {
+      greater += sc[i] > kth;
+      equal += sc[i] == kth;
+    }
   }
+  if constexpr (kKeyBits == 16) equal -= greater;
+  if (kth == kExcludedScore) equal = 0;
   std::uint32_t total;
   const std::uint32_t before =
       block_exclusive_sum<kThreads>((greater << 16) | equal, s.pivot.warp_totals, total);
@@ -168,17 +206,33 @@ __global__ void __launch_bounds__(kThreads) topk_short_rows_kernel(const TopkKer
   const std::uint32_t slots = p.survivor_slots;
   std::uint32_t* key = smem;
   std::uint32_t* col = smem + slots;
-  std::uint32_t equal_seen = before & 0xFFFFu;
-  std::uint32_t pos = (before >> 16) + min(equal_seen, keep_equal);
+  const std::uint32_t equal_before = before & 0xFFFFu;
+  std::uint32_t pos = (before >> 16) + min(equal_before, keep_equal);
+  const auto col0 = static_cast<std::uint32_t>(c0);
+  if (equal_before >= keep_equal || equal_before + equal <= keep_equal) {
+    // This thread keeps all of its elements equal to kth or none of them (every thread but
+    // the one holding the last kept tie): one comparison an element.
+    const std::uint32_t bound = equal_before >= keep_equal ? kth + 1 : kth;
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const bool is_equal = sc[i] == kth && kth != kExcludedScore;
-    if (sc[i] > kth || (is_equal && equal_seen < keep_equal)) {
-      key[pos] = sc[i];
-      col[pos] = static_cast<std::uint32_t>(c0 + i);
-      ++pos;
+    for (int i = 0; i < kPerThread; ++i) {
+      if (sc[i] >= bound) {
+        key[pos] = sc[i];
+        col[pos] = col0 + i;
+        ++pos;
+      }
     }
-    equal_seen += is_equal;
+  } else {
+    std::uint32_t equal_seen = equal_before;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const bool is_equal = sc[i] == kth;
+      if (sc[i] > kth || (is_equal && equal_seen < keep_equal)) {
+        key[pos] = sc[i];
+        col[pos] = col0 + i;
+        ++pos;
+      }
+      equal_seen += is_equal;
+    }
   }
   __syncthreads();
   if (p.sort_by_value && kept > 1) sort_best_first<kThreads>(key, col, kept, next_pow2(kept));

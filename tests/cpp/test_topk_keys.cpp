@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// Scores (src/common/topk_keys.hpp): score_pair_of, the packed form the CUDA kernels use for
+// 16-bit types, must equal score_of on each half for every bit pattern, and score_of must order
+// numbers as the floats they encode (-0.0 tying +0.0, NaN above +inf, all NaNs tied).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "common/topk_keys.hpp"
+
+namespace {
+
+using attnkit::detail::BFloat16Traits;
+using attnkit::detail::Float16Traits;
+using attnkit::detail::make_score_params;
+using attnkit::detail::score_of;
+using attnkit::detail::score_pair_of;
+using attnkit::detail::ScoreParams;
+
+template <class Traits>
+void expect_pairs_match_singles(ScoreParams sp) {
+  // Every pattern in each half, against a few partners in the other half (a carry or borrow
+  // across halves would show against any partner).
+  const std::uint32_t partners[] = {0x0000u, 0x8000u, 0x7FFFu, 0xFFFFu, Traits::kInf,
+                                    Traits::kSign | Traits::kInf, 0x3C00u, 0xBF80u, 0x0001u};
+  int failures = 0;
+  for (std::uint32_t x = 0; x <= 0xFFFFu && failures < 5; ++x) {
+    for (std::uint32_t other : partners) {
+      const std::uint32_t lo = score_pair_of<Traits>(other << 16 | x, sp);
+      const std::uint32_t hi = score_pair_of<Traits>(x << 16 | other, sp);
+      const std::uint32_t want_x = score_of<Traits>(x, sp), want_other = score_of<Traits>(other, sp);
+      if (lo != (want_other << 16 | want_x) || hi != (want_x << 16 | want_other)) {
+        ADD_FAILURE() << std::hex << "x=0x" << x << " other=0x" << other << " pair(lo)=0x" << lo
+                      << " pair(hi)=0x" << hi << " score_of: 0x" << want_x << ", 0x" << want_other;
+        ++failures;
+      }
+    }
+  }
+}
+
+TEST(TopkKeys, PairScoresEqualSingleScores) {
+  for (bool largest : {true, false}) {
+    for (bool ignore_nan : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "largest=" << largest << " ignore_nan=" << ignore_nan);
+      expect_pairs_match_singles<BFloat16Traits>(make_score_params<BFloat16Traits>(largest, ignore_nan));
+      expect_pairs_match_singles<Float16Traits>(make_score_params<Float16Traits>(largest, ignore_nan));
+    }
+  }
+}
+
+float bf16_to_float(std::uint32_t bits) {
+  const std::uint32_t f = bits << 16;
+  float v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+}
+
+TEST(TopkKeys, Bf16ScoresOrderAsFloats) {
+  const ScoreParams sp = make_score_params<BFloat16Traits>(true, false);
+  // Every 64th pattern against every 61st: both signs, zeros, denormals, infinities and NaNs.
+  for (std::uint32_t a = 0; a <= 0xFFFFu; a += 64) {
+    for (std::uint32_t b = 0; b <= 0xFFFFu; b += 61) {
+      const float x = bf16_to_float(a), y = bf16_to_float(b);
+      const std::uint32_t sx = score_of<BFloat16Traits>(a, sp), sy = score_of<BFloat16Traits>(b, sp);
+      if (std::isnan(x) || std::isnan(y)) {
+        if (std::isnan(x) && std::isnan(y)) {
+          ASSERT_EQ(sx, sy) << std::hex << a << " " << b;
+        } else {
+          ASSERT_EQ(sx > sy, std::isnan(x)) << std::hex << a << " " << b;
+        }
+      } else {
+        ASSERT_EQ(sx < sy, x < y) << std::hex << a << " " << b;
+        ASSERT_EQ(sx == sy, x == y) << std::hex << a << " " << b;
+      }
+    }
+  }
+}
+
+}  // namespace
