@@ -79,6 +79,16 @@ ATTNKIT_HD std::uint32_t score_of(std::uint32_t bits, ScoreParams p) {
   return mag > Traits::kInf ? p.nan_score : (asc ^ p.flip);
 }
 
+/// The inverse of score_of: the bits of the value whose score is s. Exact for every score that
+/// one bit pattern owns; `unique` is false for the two that several share, zero (+0.0 and -0.0)
+/// and NaN (every sign and payload), whose bits the caller reads from the input instead.
+template <class Traits>
+ATTNKIT_HD std::uint32_t bits_of_score(std::uint32_t s, ScoreParams p, bool& unique) {
+  const std::uint32_t asc = s ^ p.flip;
+  unique = asc != Traits::kSign && asc <= Traits::kSign + Traits::kInf;
+  return asc >= Traits::kSign ? asc - Traits::kSign : (Traits::kSign | (Traits::kSign - asc));
+}
+
 /// 0xFFFF in each 16-bit half of w whose top bit is set, 0 in the others.
 ATTNKIT_HD std::uint32_t sign_fill_halves(std::uint32_t w) {
 #if defined(__CUDA_ARCH__)

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Scores (src/common/topk_keys.hpp): score_pair_of, the packed form the CUDA kernels use for
-// 16-bit types, must equal score_of on each half for every bit pattern, and score_of must order
-// numbers as the floats they encode (-0.0 tying +0.0, NaN above +inf, all NaNs tied).
+// 16-bit types, must equal score_of on each half for every bit pattern; score_of must order
+// numbers as the floats they encode (-0.0 tying +0.0, NaN above +inf, all NaNs tied); and
+// bits_of_score must invert score_of wherever one bit pattern owns the score.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +14,9 @@
 namespace {
 
 using attnkit::detail::BFloat16Traits;
+using attnkit::detail::bits_of_score;
 using attnkit::detail::Float16Traits;
+using attnkit::detail::Float32Traits;
 using attnkit::detail::make_score_params;
 using attnkit::detail::score_of;
 using attnkit::detail::score_pair_of;
@@ -74,6 +77,44 @@ TEST(TopkKeys, Bf16ScoresOrderAsFloats) {
         ASSERT_EQ(sx < sy, x < y) << std::hex << a << " " << b;
         ASSERT_EQ(sx == sy, x == y) << std::hex << a << " " << b;
       }
+    }
+  }
+}
+
+/// Zero or NaN: the patterns whose score others share.
+template <class Traits>
+bool shares_score(std::uint32_t x) {
+  const std::uint32_t mag = x & Traits::kMag;
+  return mag == 0 || mag > Traits::kInf;
+}
+
+template <class Traits>
+void expect_inverse(std::uint32_t x, ScoreParams sp) {
+  bool unique = false;
+  const std::uint32_t back = bits_of_score<Traits>(score_of<Traits>(x, sp), sp, unique);
+  ASSERT_EQ(unique, !shares_score<Traits>(x)) << std::hex << "x=0x" << x;
+  if (unique) {
+    ASSERT_EQ(back, x) << std::hex << "x=0x" << x;
+  } else if ((x & Traits::kMag) == 0) {
+    ASSERT_EQ(back, 0u) << std::hex << "x=0x" << x;  // +0.0, whose bits a -0.0 must be read for
+  }
+}
+
+TEST(TopkKeys, BitsOfScoreInvertsScores) {
+  for (bool largest : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "largest=" << largest);
+    for (std::uint32_t x = 0; x <= 0xFFFFu; ++x) {
+      expect_inverse<BFloat16Traits>(x, make_score_params<BFloat16Traits>(largest, false));
+      expect_inverse<Float16Traits>(x, make_score_params<Float16Traits>(largest, false));
+    }
+    // fp32: every exponent and sign with spread mantissas, the specials among them.
+    for (std::uint64_t x = 0; x <= 0xFFFFFFFFu; x += 0x10001u) {
+      expect_inverse<Float32Traits>(static_cast<std::uint32_t>(x),
+                                    make_score_params<Float32Traits>(largest, false));
+    }
+    for (std::uint32_t x : {0x0u, 0x80000000u, 0x1u, 0x807FFFFFu, 0x7F800000u, 0xFF800000u,
+                            0x7F800001u, 0xFFFFFFFFu, 0x7F7FFFFFu, 0xFF7FFFFFu}) {
+      expect_inverse<Float32Traits>(x, make_score_params<Float32Traits>(largest, false));
     }
   }
 }

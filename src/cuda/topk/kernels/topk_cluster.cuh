@@ -122,7 +122,7 @@ __device__ __forceinline__ void cluster_store(std::uint32_t* p, unsigned rank, s
 
 template <bool kClustered>
 struct ClusterScratch {
-  std::uint32_t hist[2][kShortBins];  // digit counts of the row, alternating between passes
+  alignas(16) std::uint32_t hist[2][kShortBins];  // digit counts of the row, alternating between passes
   std::uint32_t local[kClustered ? kShortBins : 1];  // this CTA's counts, before they are pooled
   std::uint32_t cta_greater[kMaxClusterCtas];  // kept-element counts of each cluster CTA
   std::uint32_t cta_equal[kMaxClusterCtas];
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
       }
       cluster_sync();
     }
-    find_pivot_digit<kThreads>(s.pivot, s.hist[h], kShortBins, need);
+    find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist[h], need);
     for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
     h ^= 1;
   };

@@ -514,14 +514,25 @@ __device__ __forceinline__ void write_slot(const TopkKernelParams& p, std::int64
   write_slot_bits<Traits>(p, b, j, real, col, offset, bits);
 }
 
-/// Writes row b's outputs from the finished candidates, then the padding.
+/// Writes row b's outputs from the finished candidates (keys are scores), then the padding.
+/// Values come from the scores (bits_of_score); only zeros and NaNs, whose scores several bit
+/// patterns share, are read back from x, so most slots skip that load's latency.
 template <class Traits, int kThreads>
 __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const Candidates& c) {
+  using Bits = typename Traits::Bits;
   const std::int64_t offset =
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
+  const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   for (std::int64_t j = threadIdx.x; j < p.k; j += kThreads) {
     const bool real = j < c.n;
-    write_slot<Traits>(p, b, j, real, real ? c.col[j] : 0u, offset);
+    std::uint32_t col = 0, bits = 0;
+    if (real) {
+      col = c.col[j];
+      bool unique;
+      bits = bits_of_score<Traits>(c.key[j], p.sp, unique);
+      if (!unique && p.values != nullptr) bits = row[col];
+    }
+    write_slot_bits<Traits>(p, b, j, real, col, offset, bits);
   }
 }
 

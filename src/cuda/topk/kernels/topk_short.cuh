@@ -41,53 +41,56 @@ struct PivotState {
 };
 
 struct ShortScratch {
-  std::uint32_t hist[kShortBins];
+  alignas(16) std::uint32_t hist[kShortBins];  // 16-byte reads in find_pivot_digit
   PivotState pivot;
 };
 
-/// Finds, in hist[lowest..bins) (counts by digit), the digit D holding the need-th best: the
+/// Finds, in hist[lowest..kBins) (counts by digit), the digit D holding the need-th best: the
 /// candidates of digits above D number fewer than need, those of digits >= D at least need.
 /// Leaves D, need minus the count above D and D's count in s.digit / s.need / s.count
 /// (untouched when the total is below need), and the total in s.candidates. Every thread must
 /// call it; the histogram must be complete (barrier before). Ends with a barrier.
-template <int kThreads>
-__device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, int bins,
-                                 std::uint32_t need, int lowest = 0) {
-  const int per = bins > kThreads ? bins / kThreads : 1;  // digits a thread owns, top down
-  const int first = threadIdx.x * per;
+template <int kThreads, int kBins>
+__device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, std::uint32_t need,
+                                 int lowest = 0) {
+  constexpr int kPer = kBins > kThreads ? kBins / kThreads : 1;  // digits a thread owns
+  static_assert(kPer == 1 || kPer % 4 == 0, "whole 16-byte vectors of digits");
+  // Thread t owns digits [top - kPer, top), counted from the top digit down.
+  const int top = kBins - static_cast<int>(threadIdx.x) * kPer;
+  std::uint32_t c[kPer];
+  if constexpr (kPer == 1) {
+    c[0] = top >= 1 + lowest ? hist[top - 1] : 0u;
+  } else {
+#pragma unroll
+    for (int v = 0; v < kPer / 4; ++v) {
+      const uint4 q = reinterpret_cast<const uint4*>(hist + top - kPer)[v];
+      c[4 * v] = q.x, c[4 * v + 1] = q.y, c[4 * v + 2] = q.z, c[4 * v + 3] = q.w;
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) c[i] = top - kPer + i >= lowest ? c[i] : 0u;
+  }
   std::uint32_t count = 0;
-  for (int i = 0; i < per && first + i < bins - lowest; ++i) count += hist[bins - 1 - (first + i)];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) count += c[i];
   std::uint32_t total;
   std::uint32_t above = block_exclusive_sum<kThreads>(count, s.warp_totals, total);
   if (above < need && need <= above + count) {
-    for (int i = 0; i < per && first + i < bins - lowest; ++i) {
-      const std::uint32_t c = hist[bins - 1 - (first + i)];
-      if (above + c >= need) {
-        s.digit = static_cast<std::uint32_t>(bins - 1 - (first + i));
+#pragma unroll
+    for (int i = kPer - 1; i >= 0; --i) {  // c[kPer - 1] is this thread's top digit
+      if (above < need && above + c[i] >= need) {
+        s.digit = static_cast<std::uint32_t>(top - kPer + i);
         s.need = need - above;
-        s.count = c;
-        break;
+        s.count = c[i];
       }
-      above += c;
+      above += c[i];
     }
   }
   if (threadIdx.x == 0) s.candidates = total;
   __syncthreads();
 }
 
-/// Adds 1 to *counter in shared memory when `pred` holds, as a predicated reduction: a branch
-/// around an atomic costs three more instructions (BSSY/BRA/BSYNC) for every element.
-__device__ __forceinline__ void shared_count_if(bool pred, std::uint32_t* counter) {
-  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(counter));
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0;\n\t@p red.shared.add.u32 [%1], 1;\n\t}" ::"r"(
-          static_cast<std::uint32_t>(pred)),
-      "r"(address)
-      : "memory");
-}
-
 template <class Traits, int kThreads, int kPerThread>
-__global__ void __launch_bounds__(kThreads, 2) topk_short_rows_kernel(const TopkKernelParams p) {
+__global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
   static_assert(kPerThread % kVec == 0, "whole vectors per thread");
@@ -169,11 +172,19 @@ __global__ void __launch_bounds__(kThreads, 2) topk_short_rows_kernel(const Topk
       const std::uint32_t span = 1u << above_shift;  // the prefix's scores: prefix + [0, span)
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i) {
-        shared_count_if(sc[i] - prefix < span, &s.hist[(sc[i] >> shift) & ((1u << width) - 1u)]);
+        if (sc[i] - prefix < span) atomicAdd(&s.hist[(sc[i] >> shift) & ((1u << width) - 1u)], 1u);
       }
     }
     __syncthreads();
-    find_pivot_digit<kThreads>(s.pivot, s.hist, 1 << width, need, pass == 0 ? 1 : 0);
+    if (pass == 0) {
+      find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist, need, 1);
+    } else if (kWidth[pass] == 5) {
+      find_pivot_digit<kThreads, 32>(s.pivot, s.hist, need);
+    } else if (kWidth[pass] == 10) {
+      find_pivot_digit<kThreads, 1024>(s.pivot, s.hist, need);
+    } else {
+      find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist, need);
+    }
     if (pass == 0 && s.pivot.candidates <= need) {  // uniform: every candidate is kept
       all_kept = true;
       break;
