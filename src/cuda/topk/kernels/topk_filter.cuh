@@ -514,25 +514,44 @@ __device__ __forceinline__ void write_slot(const TopkKernelParams& p, std::int64
   write_slot_bits<Traits>(p, b, j, real, col, offset, bits);
 }
 
+/// Writes the n kept slots of row b: indices as Index, values (when returned) from the scores
+/// (bits_of_score); only zeros and NaNs, whose scores several bit patterns share, are read back
+/// from x, so most slots skip that load's latency. 32-bit slot numbers and row pointers set up
+/// once keep the per-slot work to a few instructions.
+template <class Traits, int kThreads, class Index>
+__device__ __forceinline__ void write_kept(const TopkKernelParams& p, std::int64_t b,
+                                           const Candidates& c, std::int64_t offset) {
+  using Bits = typename Traits::Bits;
+  const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
+  Index* indices = static_cast<Index*>(p.indices) + b * p.indices_row_stride;
+  Bits* values = p.values != nullptr ? static_cast<Bits*>(p.values) + b * p.values_row_stride : nullptr;
+  for (std::uint32_t j = threadIdx.x; j < c.n; j += kThreads) {
+    const std::uint32_t col = c.col[j];
+    if constexpr (sizeof(Index) == 8) {
+      indices[j] = offset_index64(col, offset);
+    } else {
+      indices[j] = offset_index32(col, offset);
+    }
+    if (values != nullptr) {
+      bool unique;
+      const std::uint32_t bits = bits_of_score<Traits>(c.key[j], p.sp, unique);
+      values[j] = static_cast<Bits>(unique ? bits : row[col]);
+    }
+  }
+}
+
 /// Writes row b's outputs from the finished candidates (keys are scores), then the padding.
-/// Values come from the scores (bits_of_score); only zeros and NaNs, whose scores several bit
-/// patterns share, are read back from x, so most slots skip that load's latency.
 template <class Traits, int kThreads>
 __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const Candidates& c) {
-  using Bits = typename Traits::Bits;
   const std::int64_t offset =
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
-  const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
-  for (std::int64_t j = threadIdx.x; j < p.k; j += kThreads) {
-    const bool real = j < c.n;
-    std::uint32_t col = 0, bits = 0;
-    if (real) {
-      col = c.col[j];
-      bool unique;
-      bits = bits_of_score<Traits>(c.key[j], p.sp, unique);
-      if (!unique && p.values != nullptr) bits = row[col];
-    }
-    write_slot_bits<Traits>(p, b, j, real, col, offset, bits);
+  if (p.indices_int64) {
+    write_kept<Traits, kThreads, std::int64_t>(p, b, c, offset);
+  } else {
+    write_kept<Traits, kThreads, std::int32_t>(p, b, c, offset);
+  }
+  for (std::int64_t j = c.n + threadIdx.x; j < p.k; j += kThreads) {
+    write_slot_bits<Traits>(p, b, j, false, 0u, offset, 0u);
   }
 }
 
