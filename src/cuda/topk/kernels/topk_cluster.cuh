@@ -24,10 +24,11 @@
 //        scan of packed (greater, equal) counts and an exchange of the CTAs' totals place each
 //        kept element; for sorted="none"/"index" every CTA writes its own to the outputs, for
 //        sorted="value" they go to CTA 0, which sorts them and writes the outputs.
-//   Pooling: every CTA counts into a private histogram, then adds the nonzero bins to every
-//   CTA's copy of the pass's histogram, so that after one cluster barrier each CTA finds the
-//   same pivot on its own copy. Two histograms alternate between passes, so a copy is cleared
-//   by its owner a full barrier before anyone adds to it again.
+//   Pooling: every CTA counts into a private histogram, then adds the nonzero bins to CTA 0's
+//   histogram of the pass (one remote addition a bin: adding to every CTA's copy cost 16 and
+//   most of a pass, run 26); after a cluster barrier CTA 0 finds the pivot and stores it in
+//   every CTA, and a second barrier publishes it. Two histograms alternate between passes, so
+//   CTA 0 clears one at least a full barrier before anyone adds to it again.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -196,18 +197,30 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
   auto finish_pass = [&](std::uint32_t need) {
     __syncthreads();
     if constexpr (kClustered) {
-      // Thread t adds bins t, t + kThreads, ...: each warp's additions to one CTA go out as one
-      // instruction over consecutive words (one bin per lane and CTA was 4x slower).
+      // Thread t adds bins t, t + kThreads, ...: each warp's additions go out as one
+      // instruction over consecutive words (one bin per lane was 4x slower, run 27).
       for (int i = tid; i < kShortBins; i += kThreads) {
         const std::uint32_t c = s.local[i];
         if (c == 0) continue;
         s.local[i] = 0;
-        for (unsigned r = 0; r < ctas; ++r) cluster_add(&s.hist[h][i], r, c);
+        cluster_add(&s.hist[h][i], 0, c);
       }
       cluster_sync();
+      if (rank == 0) {
+        find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist[h], need);
+        for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
+        if (tid > 0 && tid < static_cast<int>(ctas)) {  // thread r hands the pivot to CTA r
+          cluster_store(&s.pivot.digit, tid, s.pivot.digit);
+          cluster_store(&s.pivot.need, tid, s.pivot.need);
+          cluster_store(&s.pivot.count, tid, s.pivot.count);
+          cluster_store(&s.pivot.candidates, tid, s.pivot.candidates);
+        }
+      }
+      cluster_sync();  // the pivot is in every CTA; CTA 0's histogram is clear
+    } else {
+      find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist[h], need);
+      for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
     }
-    find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist[h], need);
-    for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
     h ^= 1;
   };
   __syncthreads();  // the histograms are clear
