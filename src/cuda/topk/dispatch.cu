@@ -105,14 +105,20 @@ PathChoice path_choice() {
 
 /// Whether the rows go to the cluster kernel (k >= 2 and k <= kMaxFilterK, checked by the
 /// caller). It wins where the grid is small: a whole row per cluster cuts the latency of one
-/// call; with many rows, the short-row and filter kernels use the SMs better.
+/// call; with many rows, the short-row and filter kernels use the SMs better. The bounds come
+/// from the sweep of run 39 (docs/gpu-runs.md): up to two CTAs an SM everywhere; up to four for
+/// 16-bit rows of more than 32K columns (B=32 x 128K: 1.2-1.5x faster than the filter kernel,
+/// B=64 x 64K: 1.1-1.3x). fp32 rows need more passes, and shorter rows keep the filter
+/// kernel's slices busy, so there the cluster kernel lost beyond two CTAs an SM (0.86-0.90x).
 bool use_cluster_kernel(const TopkProblem& p, int sms) {
   const PathChoice choice = path_choice();
   if (choice == PathChoice::kFilter || p.row_len > cuda::kClusterMaxLen) return false;
   const int ctas = short_cluster_ctas(p.row_len);
   if (ctas > 1 && cluster_limit(p) < ctas) return false;
   if (choice == PathChoice::kCluster) return true;
-  return ctas > 1 && p.batch * ctas <= 2 * static_cast<std::int64_t>(sms);
+  const bool wide = p.dtype != DType::kFloat32 && ctas >= 8;  // 16-bit, > 32K columns
+  const std::int64_t max_ctas = (wide ? 4 : 2) * static_cast<std::int64_t>(sms);
+  return ctas > 1 && p.batch * ctas <= max_ctas;
 }
 
 /// Start offset of row i's segment in the flat [B, k] array of ranked keys.
