@@ -121,8 +121,9 @@ ATTNKIT_HD std::uint32_t score_pair_of(std::uint32_t w, ScoreParams p) {
 
 /// The bit pattern (in Traits' format) of a value B such that, for every element x,
 ///   score(x) > threshold  implies  !(x < B) when largest, !(x > B) when smallest,
-/// where a comparison with a NaN is false, so NaNs always pass. The filters test this one
-/// float comparison first and compute exact scores only for the elements that pass it.
+/// where a comparison with a NaN is false, so NaNs always pass. B is never a NaN, so for numbers
+/// the ordered `x >= B` / `x <= B` (the CPU's vectorised form) says the same. The filters test
+/// this one float comparison first and compute exact scores only for the elements that pass it.
 template <class Traits>
 ATTNKIT_HD std::uint32_t prefilter_bound_bits(std::uint32_t threshold, ScoreParams p) {
   const bool largest = p.flip == 0;
@@ -133,6 +134,10 @@ ATTNKIT_HD std::uint32_t prefilter_bound_bits(std::uint32_t threshold, ScorePara
   // through, which the exact test then refuses); smallest: NaN is the worst choice and every
   // number beats it, which `!(x > +inf)` lets through.
   if (asc > Traits::kSign + Traits::kInf) return pos_inf;
+  // Below -inf's score (a sampled floor of -inf, less one): every number beats it, and -inf lets
+  // them all through. SIGN | (SIGN - asc) would be a NaN pattern here, which no ordered
+  // comparison passes. (With smallest, -inf is the best value and no threshold lies above it.)
+  if (asc < Traits::kSign - Traits::kInf) return neg_inf;
   // asc = SIGN + mag for x >= 0, SIGN - mag for x < 0 (see score_of).
   return asc >= Traits::kSign ? asc - Traits::kSign : (Traits::kSign | (Traits::kSign - asc));
 }

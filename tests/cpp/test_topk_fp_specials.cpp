@@ -86,6 +86,37 @@ std::vector<TopkCase> sweep_cases(std::uint64_t seed, std::initializer_list<Dist
   return cases;
 }
 
+/// Rows of almost only -inf, long enough for the sampled floor (>= 16K), so that the floor is
+/// -inf itself and the filter starts one score below it. Every number must still reach the
+/// exact test: with largest=true the k best are the few normals and NaNs, never -inf padding.
+/// Lengths that are not multiples of the 64-element block leave a tail that could supply k
+/// candidates on its own and hide skipped blocks.
+TEST(TopkFpSpecials, MostlyNegativeInfinity) {
+  CaseChecker check;
+  std::uint64_t seed = 900;
+  for (DType dtype : kFloatDTypes) {
+    for (std::int64_t n : {std::int64_t{16384}, std::int64_t{16447}, std::int64_t{20000}, std::int64_t{100000}}) {
+      for (std::int64_t k : {std::int64_t{1}, std::int64_t{7}, std::int64_t{50}}) {
+        for (bool largest : {true, false}) {
+          for (NanPolicy nan : {NanPolicy::kLargest, NanPolicy::kIgnore}) {
+            TopkCase c;
+            c.dtype = dtype;
+            c.dist = Dist::kMostlyNegInf;
+            c.seed = seed++;
+            c.batch = 2;
+            c.n = n;
+            c.k = k;
+            c.largest = largest;
+            c.sorted = TopkOrder::kValue;
+            c.nan = nan;
+            check(c);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(TopkFpSpecials, NanLargestRanksAboveInfinity) {
   CaseChecker check;
   for (TopkCase c : sweep_cases(1, {Dist::kWithNan, Dist::kMostlyNan, Dist::kRawBits})) {

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Scores (src/common/topk_keys.hpp): score_pair_of, the packed form the CUDA kernels use for
 // 16-bit types, must equal score_of on each half for every bit pattern; score_of must order
-// numbers as the floats they encode (-0.0 tying +0.0, NaN above +inf, all NaNs tied); and
-// bits_of_score must invert score_of wherever one bit pattern owns the score.
+// numbers as the floats they encode (-0.0 tying +0.0, NaN above +inf, all NaNs tied);
+// bits_of_score must invert score_of wherever one bit pattern owns the score; and the prefilter
+// bound must let through, with an ordered float comparison, every number that beats a threshold.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@ using attnkit::detail::bits_of_score;
 using attnkit::detail::Float16Traits;
 using attnkit::detail::Float32Traits;
 using attnkit::detail::make_score_params;
+using attnkit::detail::prefilter_bound_bits;
 using attnkit::detail::score_of;
 using attnkit::detail::score_pair_of;
 using attnkit::detail::ScoreParams;
@@ -115,6 +117,24 @@ TEST(TopkKeys, BitsOfScoreInvertsScores) {
     for (std::uint32_t x : {0x0u, 0x80000000u, 0x1u, 0x807FFFFFu, 0x7F800000u, 0xFF800000u,
                             0x7F800001u, 0xFFFFFFFFu, 0x7F7FFFFFu, 0xFF7FFFFFu}) {
       expect_inverse<Float32Traits>(x, make_score_params<Float32Traits>(largest, false));
+    }
+  }
+}
+
+/// For every threshold (every 16-bit score, and 0), with both directions: each number x whose
+/// score beats the threshold passes the CPU's ordered test (x >= B, or x <= B when smallest).
+TEST(TopkKeys, Bf16PrefilterBoundPassesEveryBetterNumber) {
+  for (bool largest : {true, false}) {
+    const ScoreParams sp = make_score_params<BFloat16Traits>(largest, false);
+    for (std::uint32_t t = 0; t <= 0xFFFFu; ++t) {
+      const float bound = bf16_to_float(prefilter_bound_bits<BFloat16Traits>(t, sp));
+      ASSERT_FALSE(std::isnan(bound)) << std::hex << "threshold=0x" << t << " largest=" << largest;
+      for (std::uint32_t x = 0; x <= 0xFFFFu; x += 7) {
+        const float v = bf16_to_float(x);
+        if (std::isnan(v) || score_of<BFloat16Traits>(x, sp) <= t) continue;
+        ASSERT_TRUE(largest ? v >= bound : v <= bound)
+            << std::hex << "threshold=0x" << t << " x=0x" << x << " largest=" << largest;
+      }
     }
   }
 }

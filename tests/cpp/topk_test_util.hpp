@@ -320,6 +320,7 @@ enum class Dist : std::uint8_t {
   kRawBits,         // uniform over all bit patterns
   kPeriodicSpikes,  // +-1000 spikes every 64 columns: an evenly spaced sample sees only them
   kFuzzBytes,       // the fuzzer's bytes, repeated
+  kMostlyNegInf,    // 99.7% -inf, a few NaNs and normals: a sampled floor of -inf itself
 };
 
 inline constexpr Dist kAllDists[] = {
@@ -362,6 +363,8 @@ inline const char* dist_name(Dist d) {
       return "periodic_spikes";
     case Dist::kFuzzBytes:
       return "fuzz_bytes";
+    case Dist::kMostlyNegInf:
+      return "mostly_neg_inf";
   }
   return "?";
 }
@@ -443,6 +446,14 @@ inline void generate_row(Dist dist, DType d, std::uint64_t seed, std::uint64_t r
     case Dist::kMostlyNan:
       for (std::int64_t i = 0; i < n; ++i) {
         out[i] = unit(rng) < 0.9 ? nan_list[rng() % nan_list.size()] : normal_bits(1.0f);
+      }
+      break;
+    case Dist::kMostlyNegInf:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double u = unit(rng);
+        out[i] = u < 0.997   ? inf_bits(d, true)
+                 : u < 0.998 ? nan_list[rng() % nan_list.size()]
+                             : normal_bits(1.0f);
       }
       break;
     case Dist::kDenormals:
