@@ -75,6 +75,9 @@ def check_array(a: Any, name: str) -> None:
     memoryviews, ctypes arrays) is refused by name rather than guessed at."""
     if isinstance(a, np.ndarray) or is_torch(a) or hasattr(type(a), "__dlpack__"):
         return
+    if isinstance(a, np.generic):
+        raise TypeError(f"topk: {name} is a NumPy scalar ({a.dtype}); expected an array (x: [N] "
+                        "or [B, N]; begin, end, index_offset: [B]; outputs: [B, k])")
     raise TypeError(f"topk: {name} is a {type(a).__name__}; expected a NumPy array, a torch "
                     "tensor or an array supporting DLPack")
 

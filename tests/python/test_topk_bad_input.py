@@ -124,6 +124,8 @@ CASES = [
     Bad("x_complex64", lambda: (np.zeros((B, N), np.complex64), K, {}), TypeError,
         ("x.dtype", "complex64")),
     Bad("x_list", lambda: ([[1.0, 2.0]], 1, {}), TypeError, ("x", "list"), add_outputs=False),
+    Bad("x_numpy_scalar", lambda: (np.float32(1.0), 1, {}), TypeError, ("x", "NumPy scalar", "[N]"),
+        add_outputs=False),
     Bad("x_columns_strided", lambda: (_x(shape=(B, 2 * N))[:, ::2], K, {}), ValueError,
         ("x.stride(-1) = 2", "contiguous")),
     Bad("x_fortran_order", lambda: (np.asfortranarray(_x()), K, {}), ValueError,
