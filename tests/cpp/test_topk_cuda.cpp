@@ -28,8 +28,8 @@ using attnkit::TensorView;
 const attnkit::Device kCpu{attnkit::DeviceType::kCPU, 0};
 const attnkit::Device kGpu{attnkit::DeviceType::kCUDA, 0};
 
-enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait };
-constexpr int kDists = 12;
+enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait, kMostlyNegInf };
+constexpr int kDists = 13;
 
 const char* dist_name(Dist d) {
   switch (d) {
@@ -45,6 +45,7 @@ const char* dist_name(Dist d) {
     case Dist::kDsa: return "dsa-relu";
     case Dist::kMostlyNan: return "90%-nan";
     case Dist::kSampleBait: return "sample-bait";
+    case Dist::kMostlyNegInf: return "99.7%-neg-inf";
   }
   return "?";
 }
@@ -98,6 +99,12 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
           v = attnkit::detail::short_sampled(i, n) ? 1000.0f + normal(rng) : normal(rng);
           bits = to_bits(dtype, v);
           break;
+        case Dist::kMostlyNegInf: {  // a sampled floor of -inf itself: the prefilter bound
+                                     // below it must still let every number through
+          const std::uint64_t r = rng() % 1000;
+          bits = r < 997 ? to_bits(dtype, -INFINITY) : r < 998 ? nan : to_bits(dtype, normal(rng));
+          break;
+        }
         case Dist::kDsa: {
           // Indexer scores: a weighted sum of ReLUs, many exact zeros, bf16-quantised.
           float s = 0;
