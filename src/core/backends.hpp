@@ -5,10 +5,25 @@
 #include <cstddef>
 #include <string>
 
+#include "attnkit/error.hpp"
 #include "attnkit/tensor.hpp"
+#include "common/topk_keys.hpp"
 #include "core/topk_problem.hpp"
 
 namespace attnkit::detail {
+
+/// Calls fn with the score traits of a checked problem's dtype (Float32Traits{}, ...) and
+/// returns what it returns: the one dtype switch of both backends.
+template <class Fn>
+auto with_traits(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: return fn(Float32Traits{});
+    case DType::kBFloat16: return fn(BFloat16Traits{});
+    case DType::kFloat16: return fn(Float16Traits{});
+    default: break;
+  }
+  throw Error(ErrorCode::kInternal, "topk: unexpected dtype after checks");
+}
 
 // CPU (src/cpu/).
 void cpu_topk(const TopkProblem& p);

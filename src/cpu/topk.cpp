@@ -462,17 +462,6 @@ NanPosition find_nan(const TopkProblem& p) {
   return at;
 }
 
-template <class Fn>
-auto with_traits(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32: return fn(Float32Traits{});
-    case DType::kBFloat16: return fn(BFloat16Traits{});
-    case DType::kFloat16: return fn(Float16Traits{});
-    default: break;
-  }
-  throw Error(ErrorCode::kInternal, "cpu topk: unexpected dtype after checks");
-}
-
 }  // namespace
 
 void cpu_topk(const TopkProblem& p) {

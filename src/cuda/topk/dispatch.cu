@@ -60,17 +60,6 @@ int sm_count(int device) {
   return cache[d];
 }
 
-template <class Fn>
-void with_traits(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32: fn(Float32Traits{}); return;
-    case DType::kBFloat16: fn(BFloat16Traits{}); return;
-    case DType::kFloat16: fn(Float16Traits{}); return;
-    default: break;
-  }
-  throw Error(ErrorCode::kInternal, "cuda topk: unexpected dtype after checks");
-}
-
 /// The largest cluster the cluster kernel runs with for this dtype on this device (cached; the
 /// query launches nothing).
 int cluster_limit(const TopkProblem& p) {
