@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "topk_test_util.hpp"
@@ -58,12 +59,16 @@ void check_with_property(CaseChecker& check, const TopkCase& c, Property&& prope
 
 /// The cases of one property sweep: every dtype, each of `dists`, every size of kSizes, every
 /// k of ks_for, both directions and each of `orders`; batch 2, seeds counting up from `seed`.
+/// `sizes` replaces kSizes when given.
 std::vector<TopkCase> sweep_cases(std::uint64_t seed, std::initializer_list<Dist> dists,
-                                  std::initializer_list<TopkOrder> orders = {TopkOrder::kValue}) {
+                                  std::initializer_list<TopkOrder> orders = {TopkOrder::kValue},
+                                  std::initializer_list<std::int64_t> sizes = {}) {
   std::vector<TopkCase> cases;
+  const std::vector<std::int64_t> ns =
+      sizes.size() > 0 ? std::vector<std::int64_t>(sizes) : std::vector<std::int64_t>(std::begin(kSizes), std::end(kSizes));
   for (DType dtype : kFloatDTypes) {
     for (Dist dist : dists) {
-      for (std::int64_t n : kSizes) {
+      for (std::int64_t n : ns) {
         for (std::int64_t k : ks_for(n)) {
           for (bool largest : {true, false}) {
             for (TopkOrder sorted : orders) {
@@ -93,25 +98,14 @@ std::vector<TopkCase> sweep_cases(std::uint64_t seed, std::initializer_list<Dist
 /// candidates on its own and hide skipped blocks.
 TEST(TopkFpSpecials, MostlyNegativeInfinity) {
   CaseChecker check;
-  std::uint64_t seed = 900;
-  for (DType dtype : kFloatDTypes) {
-    for (std::int64_t n : {std::int64_t{16384}, std::int64_t{16447}, std::int64_t{20000}, std::int64_t{100000}}) {
-      for (std::int64_t k : {std::int64_t{1}, std::int64_t{7}, std::int64_t{50}}) {
-        for (bool largest : {true, false}) {
-          for (NanPolicy nan : {NanPolicy::kLargest, NanPolicy::kIgnore}) {
-            TopkCase c;
-            c.dtype = dtype;
-            c.dist = Dist::kMostlyNegInf;
-            c.seed = seed++;
-            c.batch = 2;
-            c.n = n;
-            c.k = k;
-            c.largest = largest;
-            c.sorted = TopkOrder::kValue;
-            c.nan = nan;
-            check(c);
-          }
-        }
+  for (const TopkCase& base : sweep_cases(900, {Dist::kMostlyNegInf}, {TopkOrder::kValue},
+                                          {16384, 16447, 20000, 100000})) {
+    for (NanPolicy nan : {NanPolicy::kLargest, NanPolicy::kIgnore}) {
+      for (std::int64_t k : {base.k, std::int64_t{7}, std::int64_t{50}}) {
+        TopkCase c = base;
+        c.nan = nan;
+        c.k = k;
+        check(c);
       }
     }
   }
