@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The register tiles of the CUDA short-row and cluster top-k kernels, and where the cluster
-// kernel samples a row (kernels/topk_cluster.cuh, step 1): shared with the tests, which plant
-// the row's best values exactly there to make the sample overestimate the row and so exercise
-// the kernel's second, full select.
+// kernel (kernels/topk_cluster.cuh, step 1) and the filter kernel (kernels/topk_filter.cuh,
+// the sampled floor) sample a row: shared with the tests, which plant the row's best values
+// exactly there to make the sample overestimate the row and so exercise the kernels' second,
+// full select or scan.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,27 @@ ATTNKIT_HD constexpr bool short_sampled(std::int64_t col, std::int64_t row_len) 
   const int tid = thread % kShortThreads, rank = thread / kShortThreads;
   return tid % short_sample_every(ctas) == 0 &&
          col % kShortPerThread == short_sample_element(tid, rank);
+}
+
+/// Threads of a filter CTA that sample its range, one 16-byte vector each, and the fewest
+/// aligned vectors a range must hold to be sampled: 8 a sampling thread, 16K 16-bit or 8K fp32
+/// elements (with twice that minimum, causal rows of 65536 columns ran 8-13 % slower, run 44).
+inline constexpr int kFilterSampleThreads = 256;
+inline constexpr std::int64_t kFilterSampleMinVectors = 8 * kFilterSampleThreads;
+
+/// The vector (0 .. vectors - 1, counted from the range's first 16-byte boundary) that sampling
+/// thread `t` reads: one per stretch of vectors / 256, at an offset that varies by thread so
+/// that no period of the data lines up with the sample.
+ATTNKIT_HD constexpr std::int64_t filter_sample_vector(int t, std::int64_t vectors) {
+  const std::int64_t stretch = vectors / kFilterSampleThreads;
+  return t * stretch + (t * 37) % stretch;
+}
+
+/// Whether vector `v` of an aligned range of `vectors` vectors is sampled by the filter kernel.
+ATTNKIT_HD constexpr bool filter_sampled_vector(std::int64_t v, std::int64_t vectors) {
+  if (vectors < kFilterSampleMinVectors) return false;
+  const std::int64_t t = v / (vectors / kFilterSampleThreads);
+  return t < kFilterSampleThreads && filter_sample_vector(static_cast<int>(t), vectors) == v;
 }
 
 }  // namespace attnkit::detail

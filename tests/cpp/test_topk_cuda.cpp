@@ -93,12 +93,17 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
                                 // number beats it: the prefilter must let numbers through
           bits = rng() % 10 == 0 ? to_bits(dtype, normal(rng)) : (rng() % 2 ? nan : neg_nan);
           break;
-        case Dist::kSampleBait:  // the columns the register kernel samples (rows without
-                                 // padding or offsets) hold the largest values: the sample
-                                 // overestimates the row, and the full select must take over
-          v = attnkit::detail::short_sampled(i, n) ? 1000.0f + normal(rng) : normal(rng);
+        case Dist::kSampleBait: {  // the columns the register kernels and the filter kernel
+                                   // (one CTA a row) sample, in rows without padding or
+                                   // offsets, hold the largest values: the sample overestimates
+                                   // the row, and the full select or scan must take over
+          const std::int64_t vec = 16 / static_cast<std::int64_t>(elem);
+          const bool sampled = attnkit::detail::short_sampled(i, n) ||
+                               attnkit::detail::filter_sampled_vector(i / vec, n / vec);
+          v = sampled ? 1000.0f + normal(rng) : normal(rng);
           bits = to_bits(dtype, v);
           break;
+        }
         case Dist::kMostlyNegInf: {  // a sampled floor of -inf itself: the prefilter bound
                                      // below it must still let every number through
           const std::uint64_t r = rng() % 1000;
@@ -446,6 +451,31 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
         c.seed = seed++;
         check_case(c);
       }
+    }
+  }
+}
+
+// Rows of 36000 columns, more rows than SMs: one filter CTA a row, each starting from a floor
+// sampled from its row (at least 2048 aligned vectors), on every distribution. The bait puts the
+// row's best values at the sampled vectors, so that fewer than k elements reach the floor and
+// the row must be scanned again from the bottom; descending rows put the best at the start.
+TEST_F(TopkCuda, FilterSampledFloorDistributions) {
+  std::uint64_t seed = 4600;
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  for (int d = 0; d < kDists; ++d) {
+    for (std::int64_t k : {7, 700, 2048}) {
+      Case c;
+      c.dtype = dtypes[(seed + static_cast<std::uint64_t>(d)) % 3];
+      c.largest = seed % 2 == 0 || d == static_cast<int>(Dist::kSampleBait);
+      c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+      c.dist = static_cast<Dist>(d);
+      c.batch = 140;
+      c.n = 36000;
+      c.k = k;
+      c.order = k == 700 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
+      c.ragged = c.dist != Dist::kSampleBait && seed % 4 == 1;
+      c.seed = seed++;
+      check_case(c);
     }
   }
 }

@@ -41,31 +41,22 @@ __device__ __forceinline__ Candidates as_shared(Candidates c) {
   return Candidates{as_shared(c.key), as_shared(c.col), c.n};
 }
 
-/// Keeps the best k of the concatenation a ++ b (n = a.n + b.n > k >= 1), written in order to
-/// out_key/out_col (which overlap neither), and returns the k-th best key. Best = larger key, then lower
-/// column; a ++ b is in column order, so the lowest-index ties are the first ones met.
-///
-/// A radix select with 8-bit digits from the top finds the k-th key K and how many candidates
-/// equal to K are kept; each thread then takes an odd-length run of the concatenation (odd, so
-/// that the threads' reads fall in distinct banks), and one block scan of packed (greater,
-/// equal) counts gives every run its output position. Candidates never have key 0 (excluded
-/// scores are never admitted). Requires n <= 65535 (packed 16-bit counts).
+/// The k-th best key of the concatenation a ++ b (1 <= k <= n = a.n + b.n), a radix select
+/// with 8-bit digits from the top (2 passes for 16-bit keys, 4 for 32-bit ones), per-warp
+/// private histograms and one block scan a digit. `need` returns how many candidates equal to
+/// the k-th key are among the best k. Every thread calls it; the lists must be shared-memory
+/// pointers (as_shared). The first barrier publishes the appends that filled b; the last one
+/// follows every read of the lists.
 template <int kThreads, int kKeyBits>
-__device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
-                                                  std::uint32_t* out_key, std::uint32_t* out_col,
-                                                  std::uint32_t k, SelectScratch<kThreads>& s) {
+__device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Candidates& b,
+                                                   std::uint32_t k, SelectScratch<kThreads>& s,
+                                                   std::uint32_t& need) {
   static_assert(kThreads >= 256, "one thread per histogram bin");
   static_assert(kKeyBits == 16 || kKeyBits == 32, "keys of 16 or 32 bits");
-  a = as_shared(a);
-  b = as_shared(b);
-  out_key = as_shared(out_key);
-  out_col = as_shared(out_col);
   const std::uint32_t n = a.n + b.n;
-  auto key_at = [&](std::uint32_t p) { return p < a.n ? a.key[p] : b.key[p - a.n]; };
-  auto col_at = [&](std::uint32_t p) { return p < a.n ? a.col[p] : b.col[p - a.n]; };
-  __syncthreads();  // the appends that filled b are visible
-
-  std::uint32_t prefix = 0, need = k;
+  __syncthreads();
+  std::uint32_t prefix = 0;
+  need = k;
 #pragma unroll
   for (int pass = 0; pass < kKeyBits / 8; ++pass) {
     const int shift = kKeyBits - 8 * (pass + 1);
@@ -76,7 +67,7 @@ __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
     __syncthreads();
     std::uint32_t* mine = s.hist[threadIdx.x / kWarpSize];
     for (std::uint32_t p = threadIdx.x; p < n; p += kThreads) {
-      const std::uint32_t key = key_at(p);
+      const std::uint32_t key = p < a.n ? a.key[p] : b.key[p - a.n];
       if (pass == 0 || (key >> above_shift) == (prefix >> above_shift)) {
         atomicAdd(&mine[(key >> shift) & 0xFFu], 1u);
       }
@@ -98,7 +89,32 @@ __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
     prefix |= s.pivot_digit << shift;
     need = s.pivot_need;
   }
-  const std::uint32_t kth = prefix;  // the first `need` candidates equal to kth are kept
+  return prefix;
+}
+
+/// Keeps the best k of the concatenation a ++ b (n = a.n + b.n > k >= 1), written in order to
+/// out_key/out_col (which overlap neither), and returns the k-th best key. Best = larger key, then lower
+/// column; a ++ b is in column order, so the lowest-index ties are the first ones met.
+///
+/// radix_kth finds the k-th key K and how many candidates equal to K are kept; each thread
+/// then takes an odd-length run of the concatenation (odd, so that the threads' reads fall in
+/// distinct banks), and one block scan of packed (greater, equal) counts gives every run its
+/// output position. Candidates never have key 0 (excluded scores are never admitted).
+/// Requires n <= 65535 (packed 16-bit counts).
+template <int kThreads, int kKeyBits>
+__device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
+                                                  std::uint32_t* out_key, std::uint32_t* out_col,
+                                                  std::uint32_t k, SelectScratch<kThreads>& s) {
+  a = as_shared(a);
+  b = as_shared(b);
+  out_key = as_shared(out_key);
+  out_col = as_shared(out_col);
+  const std::uint32_t n = a.n + b.n;
+  auto key_at = [&](std::uint32_t p) { return p < a.n ? a.key[p] : b.key[p - a.n]; };
+  auto col_at = [&](std::uint32_t p) { return p < a.n ? a.col[p] : b.col[p - a.n]; };
+  std::uint32_t need;
+  const std::uint32_t kth = radix_kth<kThreads, kKeyBits>(a, b, k, s, need);
+  // The first `need` candidates equal to kth are kept.
 
   std::uint32_t run = (n + kThreads - 1) / kThreads;
   run += 1 - (run & 1);  // odd

@@ -3,7 +3,10 @@
 // into candidate lists in shared memory, cut back to k by a block radix select whenever the
 // newcomers fill up. Algorithm, invariants and bound: docs/topk.md.
 //
-//   topk_rows_kernel   one CTA per (row, slice). A slice streams its columns in order, a round
+//   topk_rows_kernel   one CTA per (row, slice). A slice of at least kFilterSampleMinVectors
+//                      vectors first samples a floor (FilterEngine::sample_floor), the starting
+//                      threshold, and is streamed again from the bottom in the rare case that
+//                      fewer than k elements reach it. A slice streams its columns in order, a round
 //                      of kU coalesced 16-byte vectors per thread at a time, kPrefetch rounds
 //                      ahead. An element is a newcomer if it may beat the threshold by one
 //                      float comparison (prefilter_bound_bits) and does by its exact score;
@@ -28,6 +31,7 @@
 
 #include "common/topk_index.hpp"
 #include "common/topk_keys.hpp"
+#include "common/topk_sample.hpp"
 #include "cuda/common/block_scan.cuh"
 #include "cuda/topk/block_select.cuh"
 #include "cuda/topk/topk_params.cuh"
@@ -199,10 +203,62 @@ struct FilterEngine {
   std::uint32_t threshold = kExcludedScore;  // admit only scores above it
   Prefilter<Traits> pre;
   std::uint32_t parity = 0;
+  std::uint32_t floor_threshold = kExcludedScore;  // the sampled floor's threshold, if any
 
   __device__ void set_threshold(std::uint32_t t) {
     threshold = t;
     pre.set(t, sp);
+  }
+
+  /// Sets a floor from a spread sample of a range of `len` elements whose `vectors` aligned
+  /// 16-byte vectors start at `vec` (filter_sample_vector): the score that about
+  /// e + 5 sqrt(e) + 5 sampled elements reach, e = k * samples / len being the expected count
+  /// above the k-th best. The margin is five deviations (the CPU and the cluster kernel take
+  /// three), since one row of a batch that misses it is scanned twice and sets the time of
+  /// the whole launch: a miss then takes more than 5 sigma, odds below 1e-6 a row on i.i.d.
+  /// data, while ~k (1 + 5 / sqrt(e)) admissions still fit before the first select for
+  /// e >= 25. Elements below the floor
+  /// are never admitted, so the rounds start near the final threshold instead of appending the
+  /// first rounds whole and selecting often while it rises. Exact whenever at least k elements
+  /// reach the floor; rescan_needed() tells when fewer did. Call before any append; every
+  /// thread calls it.
+  template <int kVec>
+  __device__ void sample_floor(const uint4* vec, std::int64_t vectors, std::int64_t len) {
+    constexpr std::uint32_t kSamples = kFilterSampleThreads * kVec;
+    const float expected = static_cast<float>(k) * kSamples / static_cast<float>(len);
+    const auto rank = static_cast<std::uint32_t>(expected + 5.0f * sqrtf(expected) + 5.0f);
+    if (rank > kSamples / 4) return;  // uniform: a floor would let in much of the row anyway
+    if (threadIdx.x < kFilterSampleThreads) {
+      const uint4 v = __ldg(vec + filter_sample_vector(threadIdx.x, vectors));
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        newcomers.key[threadIdx.x * kVec + j] = score_of<Traits>(vector_element<kVec>(v, j), sp);
+      }
+    }
+    std::uint32_t need;
+    const Candidates sample = as_shared(Candidates{newcomers.key, newcomers.col, kSamples});
+    const std::uint32_t f = radix_kth<kThreads, Traits::kBits>(
+        sample, Candidates{sample.key, sample.col, 0}, rank, scratch, need);
+    if (f > kExcludedScore + 1) {  // below that, the floor excludes nothing
+      set_threshold(f - 1);
+      floor_threshold = threshold;
+    }
+  }
+
+  /// Whether the sampled floor was too high: no select ran (the threshold is still the
+  /// floor's) and fewer than k elements were admitted, so the best k may lie below it.
+  __device__ bool rescan_needed() const {
+    return floor_threshold != kExcludedScore && threshold == floor_threshold &&
+           survivors.n + newcomers.n < k;
+  }
+
+  /// Back to an empty engine with no floor, for a rescan.
+  __device__ void reset() {
+    __syncthreads();  // every write of the first scan lands before the lists are reused
+    survivors.n = 0;
+    newcomers.n = 0;
+    floor_threshold = kExcludedScore;
+    set_threshold(kExcludedScore);
   }
 
   /// Exact admission test of one element.
@@ -362,11 +418,13 @@ __device__ __forceinline__ void filter_partial_round(FilterEngine<Traits, kThrea
 
 /// Streams columns [lo, hi) of `row` through the engine in column order: a scalar head up to
 /// 16-byte alignment, whole rounds of kU coalesced 16-byte vectors per thread with
-/// kPrefetchVectors vectors per thread in flight, then the leftover vectors and scalars.
-/// Returns whether this thread saw a NaN (only tracked when track_nan).
+/// kPrefetchVectors vectors per thread in flight, then the leftover vectors and scalars. With
+/// `sample`, a range of at least kFilterSampleMinVectors vectors first gets a sampled floor,
+/// while the first rounds' loads are in flight. Returns whether this thread saw a NaN (only
+/// tracked when track_nan).
 template <class Traits, int kThreads, int kPrefetchVectors>
 __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Traits::Bits* row,
-                           std::int64_t lo, std::int64_t hi, bool track_nan) {
+                           std::int64_t lo, std::int64_t hi, bool track_nan, bool sample) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = RoundShape<Traits>::kVec, kU = RoundShape<Traits>::kU;
   constexpr int kPrefetch = kPrefetchVectors / kU > 0 ? kPrefetchVectors / kU : 1;  // rounds
@@ -387,8 +445,6 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   };
 
   const std::int64_t head = head_to_alignment(row, lo, hi);
-  if (head > 0) scalar_round(lo, head);
-
   const std::int64_t a0 = lo + head;
   const std::int64_t vectors = (hi - a0) / kVec;
   const std::int64_t per_round = static_cast<std::int64_t>(kThreads) * kU;  // vectors
@@ -404,6 +460,8 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
       if (r < rounds) buf[r][u] = __ldg(vec + (static_cast<std::int64_t>(r) * kU + u) * kThreads + tid);
     }
   }
+  if (sample && vectors >= kFilterSampleMinVectors) e.template sample_floor<kVec>(vec, vectors, hi - lo);
+  if (head > 0) scalar_round(lo, head);
   for (std::int64_t r0 = 0; r0 < rounds; r0 += kPrefetch) {
 #pragma unroll
     for (int q = 0; q < kPrefetch; ++q) {
@@ -591,8 +649,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   auto e = make_engine<Traits, kThreads>(p, smem, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
   const bool track_nan = p.nan_flag != nullptr;
-  const bool any_nan =
-      stream_row<Traits, kThreads, kPrefetchVectors>(e, row, seg_lo, seg_hi, track_nan);
+  bool any_nan =
+      stream_row<Traits, kThreads, kPrefetchVectors>(e, row, seg_lo, seg_hi, track_nan, true);
+  if (e.rescan_needed()) {  // uniform; rare: the sample overestimated the range
+    e.reset();
+    any_nan |= stream_row<Traits, kThreads, kPrefetchVectors>(e, row, seg_lo, seg_hi, track_nan, false);
+  }
   if (track_nan && __syncthreads_or(any_nan) && threadIdx.x == 0) *p.nan_flag = 1;
 
   if (p.slices == 1) {
