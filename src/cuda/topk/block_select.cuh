@@ -27,14 +27,19 @@ struct Candidates {
   std::uint32_t n;
 };
 
+/// The kernel's dynamic shared memory (every extern __shared__ array names it).
+__device__ __forceinline__ std::uint32_t* dynamic_smem() {
+  extern __shared__ __align__(16) std::uint32_t dynamic_smem_words[];
+  return dynamic_smem_words;
+}
+
 /// `p`, a pointer into the kernel's dynamic shared memory, re-derived from that array: a
 /// function that receives lists as generic pointers (select_into is not inlined) then reads
 /// them with shared loads rather than generic ones.
 __device__ __forceinline__ std::uint32_t* as_shared(std::uint32_t* p) {
-  extern __shared__ __align__(16) std::uint32_t dynamic_smem[];
   const std::size_t words =
-      (__cvta_generic_to_shared(p) - __cvta_generic_to_shared(dynamic_smem)) / sizeof(std::uint32_t);
-  return dynamic_smem + words;
+      (__cvta_generic_to_shared(p) - __cvta_generic_to_shared(dynamic_smem())) / sizeof(std::uint32_t);
+  return dynamic_smem() + words;
 }
 
 __device__ __forceinline__ Candidates as_shared(Candidates c) {

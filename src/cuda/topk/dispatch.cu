@@ -40,6 +40,7 @@ namespace attnkit::detail {
 namespace {
 
 using cuda::TopkKernelParams;
+using cuda::RowsPolicy;
 using cuda::TopkPath;
 using cuda::TopkPlan;
 
@@ -188,22 +189,33 @@ Launch make_launch(const TopkProblem& p) {
     plan.path = TopkPath::kShort;
     plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
   } else {
-    // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory.
-    const cuda::BufferPlan narrow =
-        cuda::buffer_plan(k, cuda::NarrowPolicy::kRound, cuda::kNarrowSmem, p.row_len);
-    plan.narrow = p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem;
-    const std::uint32_t round = plan.narrow ? cuda::NarrowPolicy::kRound : cuda::WidePolicy::kRound;
-    if (!plan.narrow && p.batch < sms) {
-      // Cut rows so that the grid covers the GPU, each slice streams >= 2 rounds, and the merge
-      // reads at most 32K candidates per row.
-      const std::int64_t want = sms / p.batch;
-      const std::int64_t by_length = p.row_len / (2 * static_cast<std::int64_t>(round));
-      const std::int64_t by_merge = 32768 / l.slot_stride;
-      plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
+    // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory,
+    // with the widest rounds that fit.
+    const std::size_t elem = dtype_size(p.dtype);
+    const cuda::BufferPlan narrow = cuda::buffer_plan(k, cuda::NarrowPolicy::round(elem),
+                                                      cuda::kNarrowSmem, p.row_len);
+    const cuda::BufferPlan narrow_half = cuda::buffer_plan(
+        k, cuda::NarrowHalfRoundPolicy::round(elem), cuda::kNarrowSmem, p.row_len);
+    if (p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem) {
+      plan.policy = RowsPolicy::kNarrow;
+      plan.rows = narrow;
+    } else if (p.batch >= sms && narrow_half.smem() <= cuda::kNarrowSmem) {
+      plan.policy = RowsPolicy::kNarrowHalfRound;
+      plan.rows = narrow_half;
+    } else {
+      plan.policy = RowsPolicy::kWide;
+      const std::uint32_t round = cuda::WidePolicy::round(elem);
+      if (p.batch < sms) {
+        // Cut rows so that the grid covers the GPU, each slice streams at least 16K elements
+        // (two 16-bit rounds), and the merge reads at most 32K candidates per row.
+        const std::int64_t want = sms / p.batch;
+        const std::int64_t by_length = p.row_len / (2 * static_cast<std::int64_t>(cuda::WidePolicy::round(2)));
+        const std::int64_t by_merge = 32768 / l.slot_stride;
+        plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
+      }
+      plan.rows = cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem,
+                                    (p.row_len + plan.slices - 1) / plan.slices);
     }
-    plan.rows = plan.narrow ? narrow
-                            : cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem,
-                                                (p.row_len + plan.slices - 1) / plan.slices);
   }
   if (plan.slices > 1) {
     if (plan.path == TopkPath::kFilter) {
@@ -297,7 +309,10 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
                : l.plan.path == TopkPath::kShort  ? "short"
                : l.plan.path == TopkPath::kCluster ? "cluster"
                                                   : "filter",
-               l.plan.narrow ? "narrow" : "wide", l.plan.slices, l.plan.cluster_ctas,
+               l.plan.policy == RowsPolicy::kNarrow            ? "narrow"
+               : l.plan.policy == RowsPolicy::kNarrowHalfRound ? "narrow-half-round"
+                                                               : "wide",
+               l.plan.slices, l.plan.cluster_ctas,
                l.plan.rows.limit,
                l.plan.rows.smem());
 #endif

@@ -25,22 +25,30 @@ namespace attnkit::detail::cuda {
 // ---------------------------------------------------------------------------------------------
 
 /// One rows-kernel configuration.
-template <int kThreadsV, int kPrefetchV, int kMinBlocksV>
+template <int kThreadsV, int kPrefetchV, int kMinBlocksV, int kUV>
 struct FilterPolicy {
   static constexpr int kThreads = kThreadsV;
   // 16-byte vectors per thread in flight: 64 bytes a thread, 32 KB an SM, which covers the
   // DRAM latency at the per-SM share of bandwidth within 128 registers a thread.
   static constexpr int kPrefetch = kPrefetchV;
   static constexpr int kMinBlocks = kMinBlocksV;  // CTAs per SM the registers must allow
-  static constexpr std::uint32_t kRound = kThreadsV * 16;  // elements per round, at most
+  static constexpr int kU = kUV;                  // 16-byte vectors per thread per round
   static_assert(kThreadsV % 32 == 0 && kThreadsV >= 256, "whole warps; one thread per radix bin");
+  /// Elements per round for elements of `elem_bytes` bytes.
+  static constexpr std::uint32_t round(std::size_t elem_bytes) {
+    return static_cast<std::uint32_t>(kThreadsV * kUV * (16 / elem_bytes));
+  }
 };
 
 // 512 threads, one CTA per SM: long rows, small batches (sliced), k up to kMaxFilterK.
-using WidePolicy = FilterPolicy<512, 4, 1>;
-// 256 threads, two CTAs per SM: many rows, so that one CTA's selects and epilogue overlap
-// another's loads.
-using NarrowPolicy = FilterPolicy<256, 4, 2>;
+using WidePolicy = FilterPolicy<512, 4, 1, 2>;
+// 256 threads, two CTAs per SM, when there are rows for every SM: one CTA's selects and
+// epilogue overlap another's loads. Rounds of four vectors a thread halve the barriers and count
+// exchanges of two (256 x 1M bf16 k=512 15 % faster, 256 x 128K 9 %, fp32 256 x 129280 10-12 %,
+// run 45); where their newcomer list does not fit two CTAs an SM (16-bit k > 1024, fp32 k > 2048)
+// rounds of two keep the CTAs narrow.
+using NarrowPolicy = FilterPolicy<256, 4, 2, 4>;
+using NarrowHalfRoundPolicy = FilterPolicy<256, 4, 2, 2>;
 // The merge kernel streams one 16-byte vector of keys per thread per round.
 constexpr int kMergeThreads = 512;
 constexpr std::uint32_t kMergeRound = kMergeThreads * 4;
@@ -114,9 +122,12 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 
 enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster };
 
+/// The rows kernel's policy.
+enum class RowsPolicy { kWide, kNarrow, kNarrowHalfRound };
+
 struct TopkPlan {
   TopkPath path = TopkPath::kFilter;
-  bool narrow = false;  // NarrowPolicy for the rows kernel (else WidePolicy)
+  RowsPolicy policy = RowsPolicy::kWide;
   std::int64_t batch = 0;
   int slices = 1;
   int cluster_ctas = 1;  // kCluster: CTAs per row
@@ -182,21 +193,30 @@ void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, s
   cuda_check_launch(name);
 }
 
+/// Launches the rows kernel (the filter path) with policy P.
+template <class Traits, class P>
+void launch_rows_with(const TopkPlan& plan, const TopkKernelParams& p, cudaStream_t stream,
+                      const char* name) {
+  launch(topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks, P::kU>,
+         plan.batch * plan.slices, P::kThreads, plan.rows.smem(), stream, p, name);
+}
+
 /// Launches the rows kernel (the filter path) with its policy.
 template <class Traits>
 void launch_rows(const TopkPlan& plan, TopkKernelParams p, cudaStream_t stream) {
   p.limit = plan.rows.limit;
   p.survivor_slots = plan.rows.survivor_slots;
   p.newcomer_slots = plan.rows.newcomer_slots;
-  const std::int64_t blocks = plan.batch * plan.slices;
-  if (plan.narrow) {
-    using P = NarrowPolicy;
-    launch(topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks>, blocks,
-           P::kThreads, plan.rows.smem(), stream, p, "topk_rows_kernel<256>");
-  } else {
-    using P = WidePolicy;
-    launch(topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks>, blocks,
-           P::kThreads, plan.rows.smem(), stream, p, "topk_rows_kernel<512>");
+  switch (plan.policy) {
+    case RowsPolicy::kNarrow:
+      launch_rows_with<Traits, NarrowPolicy>(plan, p, stream, "topk_rows_kernel<256>");
+      break;
+    case RowsPolicy::kNarrowHalfRound:
+      launch_rows_with<Traits, NarrowHalfRoundPolicy>(plan, p, stream, "topk_rows_kernel<256, half round>");
+      break;
+    case RowsPolicy::kWide:
+      launch_rows_with<Traits, WidePolicy>(plan, p, stream, "topk_rows_kernel<512>");
+      break;
   }
 }
 

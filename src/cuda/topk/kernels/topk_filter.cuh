@@ -7,8 +7,8 @@
 //                      vectors first samples a floor (FilterEngine::sample_floor), the starting
 //                      threshold, and is streamed again from the bottom in the rare case that
 //                      fewer than k elements reach it. A slice streams its columns in order, a round
-//                      of kU coalesced 16-byte vectors per thread at a time, kPrefetch rounds
-//                      ahead. An element is a newcomer if it may beat the threshold by one
+//                      of kU (2 or 4, by policy) coalesced 16-byte vectors per thread at a
+//                      time, kPrefetchVectors vectors ahead. An element is a newcomer if it may beat the threshold by one
 //                      float comparison (prefilter_bound_bits) and does by its exact score;
 //                      newcomers are appended in column order (block prefix sums, one barrier
 //                      per round). When survivors + newcomers reach `limit`, select_into keeps
@@ -133,14 +133,9 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
   return uint4{words[0], words[1], words[2], words[3]};
 }
 
-/// Elements per 16-byte vector and vectors per thread per round: two vectors (16 elements of
-/// 16 bits, 8 of fp32), so that a round's fixed cost (one barrier, one vote) is spread wide
-/// while a round in flight and the one being filtered fit the registers.
+/// Elements per 16-byte vector: 4 fp32 or 8 16-bit.
 template <class Traits>
-struct RoundShape {
-  static constexpr int kVec = Traits::kBits == 32 ? 4 : 8;
-  static constexpr int kU = 2;
-};
+constexpr int kVectorElems = Traits::kBits == 32 ? 4 : 8;
 
 /// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any
 /// element of a 16-byte vector may score above the threshold (word_may_pass). Input words are
@@ -192,9 +187,15 @@ struct FilterEngine {
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kMaxWords = 2;  // packed append counts: two 16-bit groups a word
 
-  Candidates survivors;  // column order
-  Candidates spare;      // the other survivor list, written by the next select
-  Candidates newcomers;  // column order, all after the survivors
+  // The lists live in dynamic shared memory: survivor lists 0 and 1 (key [slots], col [slots]
+  // each), then the newcomers (key [newcomer_slots], col [newcomer_slots]). Their addresses are
+  // derived from the array when used rather than held, so that the stream's registers go to
+  // data in flight (two CTAs an SM allow 128 a thread).
+  std::uint32_t slots;           // per survivor list
+  std::uint32_t newcomer_slots;
+  std::uint32_t current = 0;     // the survivor list holding the survivors, column order
+  std::uint32_t survivors_n = 0;
+  std::uint32_t newcomers_n = 0;  // column order, all after the survivors
   SelectScratch<kThreads>& scratch;
   std::uint32_t* warp_hits;  // [2][kMaxWords][32] packed counts, double-buffered by parity
   std::uint32_t k;           // candidates a select keeps
@@ -203,7 +204,17 @@ struct FilterEngine {
   std::uint32_t threshold = kExcludedScore;  // admit only scores above it
   Prefilter<Traits> pre;
   std::uint32_t parity = 0;
-  std::uint32_t floor_threshold = kExcludedScore;  // the sampled floor's threshold, if any
+
+  __device__ __forceinline__ Candidates list(std::uint32_t i, std::uint32_t n) const {
+    std::uint32_t* base = dynamic_smem() + 2 * i * slots;
+    return Candidates{base, base + slots, n};
+  }
+  __device__ __forceinline__ Candidates survivors() const { return list(current, survivors_n); }
+  __device__ __forceinline__ Candidates spare() const { return list(current ^ 1u, 0); }
+  __device__ __forceinline__ Candidates newcomers() const {
+    std::uint32_t* base = dynamic_smem() + 4 * slots;
+    return Candidates{base, base + newcomer_slots, newcomers_n};
+  }
 
   __device__ void set_threshold(std::uint32_t t) {
     threshold = t;
@@ -228,36 +239,33 @@ struct FilterEngine {
     const float expected = static_cast<float>(k) * kSamples / static_cast<float>(len);
     const auto rank = static_cast<std::uint32_t>(expected + 5.0f * sqrtf(expected) + 5.0f);
     if (rank > kSamples / 4) return;  // uniform: a floor would let in much of the row anyway
+    Candidates sample = newcomers();
     if (threadIdx.x < kFilterSampleThreads) {
       const uint4 v = __ldg(vec + filter_sample_vector(threadIdx.x, vectors));
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        newcomers.key[threadIdx.x * kVec + j] = score_of<Traits>(vector_element<kVec>(v, j), sp);
+        sample.key[threadIdx.x * kVec + j] = score_of<Traits>(vector_element<kVec>(v, j), sp);
       }
     }
     std::uint32_t need;
-    const Candidates sample = as_shared(Candidates{newcomers.key, newcomers.col, kSamples});
+    sample.n = kSamples;
     const std::uint32_t f = radix_kth<kThreads, Traits::kBits>(
         sample, Candidates{sample.key, sample.col, 0}, rank, scratch, need);
-    if (f > kExcludedScore + 1) {  // below that, the floor excludes nothing
-      set_threshold(f - 1);
-      floor_threshold = threshold;
-    }
+    if (f > kExcludedScore + 1) set_threshold(f - 1);  // below that, it excludes nothing
   }
 
-  /// Whether the sampled floor was too high: no select ran (the threshold is still the
-  /// floor's) and fewer than k elements were admitted, so the best k may lie below it.
+  /// Whether the sampled floor was too high: no select ran (a select leaves k >= 1
+  /// survivors, and only the floor sets a threshold otherwise) and fewer than k elements
+  /// were admitted, so the best k may lie below it.
   __device__ bool rescan_needed() const {
-    return floor_threshold != kExcludedScore && threshold == floor_threshold &&
-           survivors.n + newcomers.n < k;
+    return survivors_n == 0 && threshold != kExcludedScore && newcomers_n < k;
   }
 
   /// Back to an empty engine with no floor, for a rescan.
   __device__ void reset() {
     __syncthreads();  // every write of the first scan lands before the lists are reused
-    survivors.n = 0;
-    newcomers.n = 0;
-    floor_threshold = kExcludedScore;
+    survivors_n = 0;
+    newcomers_n = 0;
     set_threshold(kExcludedScore);
   }
 
@@ -268,13 +276,12 @@ struct FilterEngine {
 
   /// Keeps the best k of survivors ++ newcomers and raises the threshold.
   __device__ void select() {
-    set_threshold(select_into<kThreads, Traits::kBits>(survivors, newcomers, spare.key, spare.col,
+    const Candidates out = spare();
+    set_threshold(select_into<kThreads, Traits::kBits>(survivors(), newcomers(), out.key, out.col,
                                                         k, scratch));
-    const Candidates t = survivors;
-    survivors = spare;
-    survivors.n = k;
-    spare = t;
-    newcomers.n = 0;
+    current ^= 1u;
+    survivors_n = k;
+    newcomers_n = 0;
   }
 
   /// Appends this thread's winners of one round: for each of kU groups, the elements j whose
@@ -314,7 +321,8 @@ struct FilterEngine {
     // arriving at the next round's barrier.
     parity ^= 1u;
     if (!__syncthreads_or(any != 0)) return;  // no newcomer anywhere in the block this round
-    std::uint32_t base = newcomers.n;
+    const Candidates nc = newcomers();
+    std::uint32_t base = newcomers_n;
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       std::uint32_t before = 0, total = 0;
@@ -333,15 +341,15 @@ struct FilterEngine {
         while (m != 0) {
           const int j = __ffs(m) - 1;
           m &= m - 1;
-          newcomers.key[pos] = key_of(u, j);
-          newcomers.col[pos] = col_of(u, j);
+          nc.key[pos] = key_of(u, j);
+          nc.col[pos] = col_of(u, j);
           ++pos;
         }
         base += (total >> (16 * h)) & 0xFFFFu;
       }
     }
-    newcomers.n = base;
-    if (survivors.n + newcomers.n >= limit) select();
+    newcomers_n = base;
+    if (survivors_n + newcomers_n >= limit) select();
   }
 
   /// Appends every element of a full round, for rounds that start below every score (before
@@ -349,17 +357,18 @@ struct FilterEngine {
   /// the thread index alone, so no count is exchanged and no barrier is needed here.
   template <int kU, int kV, class KeyFn, class ColFn>
   __device__ __forceinline__ void append_all(KeyFn key_of, ColFn col_of) {
+    const Candidates nc = newcomers();
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const std::uint32_t pos = newcomers.n + (u * kThreads + threadIdx.x) * kV;
+      const std::uint32_t pos = newcomers_n + (u * kThreads + threadIdx.x) * kV;
 #pragma unroll
       for (int j = 0; j < kV; ++j) {
-        newcomers.key[pos + j] = key_of(u, j);
-        newcomers.col[pos + j] = col_of(u, j);
+        nc.key[pos + j] = key_of(u, j);
+        nc.col[pos + j] = col_of(u, j);
       }
     }
-    newcomers.n += kU * kThreads * kV;
-    if (survivors.n + newcomers.n >= limit) select();
+    newcomers_n += kU * kThreads * kV;
+    if (survivors_n + newcomers_n >= limit) select();
   }
 
   /// Whether a round may take append_all.
@@ -371,21 +380,21 @@ struct FilterEngine {
   /// else in column order) and returns that list.
   __device__ Candidates finish(bool sort_by_value) {
     __syncthreads();
-    if (survivors.n + newcomers.n > k) {
+    if (survivors_n + newcomers_n > k) {
       select();
-    } else if (newcomers.n > 0) {  // everything fits: append the newcomers to the survivors
-      for (std::uint32_t p = threadIdx.x; p < newcomers.n; p += kThreads) {
-        survivors.key[survivors.n + p] = newcomers.key[p];
-        survivors.col[survivors.n + p] = newcomers.col[p];
+    } else if (newcomers_n > 0) {  // everything fits: append the newcomers to the survivors
+      const Candidates out = survivors(), nc = newcomers();
+      for (std::uint32_t p = threadIdx.x; p < nc.n; p += kThreads) {
+        out.key[out.n + p] = nc.key[p];
+        out.col[out.n + p] = nc.col[p];
       }
-      survivors.n += newcomers.n;
-      newcomers.n = 0;
+      survivors_n += newcomers_n;
+      newcomers_n = 0;
       __syncthreads();
     }
-    if (sort_by_value && survivors.n > 1) {
-      sort_best_first<kThreads>(survivors.key, survivors.col, survivors.n, next_pow2(survivors.n));
-    }
-    return survivors;
+    const Candidates out = survivors();
+    if (sort_by_value && out.n > 1) sort_best_first<kThreads>(out.key, out.col, out.n, next_pow2(out.n));
+    return out;
   }
 };
 
@@ -417,16 +426,17 @@ __device__ __forceinline__ void filter_partial_round(FilterEngine<Traits, kThrea
 }
 
 /// Streams columns [lo, hi) of `row` through the engine in column order: a scalar head up to
-/// 16-byte alignment, whole rounds of kU coalesced 16-byte vectors per thread with
+/// 16-byte alignment, whole rounds of kU coalesced 16-byte vectors per thread (a round's fixed
+/// cost, one barrier and one exchange of counts, is spread over kU vectors) with
 /// kPrefetchVectors vectors per thread in flight, then the leftover vectors and scalars. With
 /// `sample`, a range of at least kFilterSampleMinVectors vectors first gets a sampled floor,
 /// while the first rounds' loads are in flight. Returns whether this thread saw a NaN (only
 /// tracked when track_nan).
-template <class Traits, int kThreads, int kPrefetchVectors>
+template <class Traits, int kThreads, int kPrefetchVectors, int kU>
 __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Traits::Bits* row,
                            std::int64_t lo, std::int64_t hi, bool track_nan, bool sample) {
   using Bits = typename Traits::Bits;
-  constexpr int kVec = RoundShape<Traits>::kVec, kU = RoundShape<Traits>::kU;
+  constexpr int kVec = kVectorElems<Traits>;
   constexpr int kPrefetch = kPrefetchVectors / kU > 0 ? kPrefetchVectors / kU : 1;  // rounds
   const int tid = threadIdx.x;
   bool any_nan = false;
@@ -462,23 +472,28 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   }
   if (sample && vectors >= kFilterSampleMinVectors) e.template sample_floor<kVec>(vec, vectors, hi - lo);
   if (head > 0) scalar_round(lo, head);
-  for (std::int64_t r0 = 0; r0 < rounds; r0 += kPrefetch) {
+  // Rounds and columns fit 32 bits (N < 2^31); the next loads walk one pointer. Both keep the
+  // loop within the registers of two CTAs an SM.
+  const auto rounds32 = static_cast<std::uint32_t>(rounds);
+  const uint4* next = vec + kPrefetch * kU * kThreads + tid;
+  const std::uint32_t col_thread = static_cast<std::uint32_t>(a0) + tid * kVec;
+  for (std::uint32_t r0 = 0; r0 < rounds32; r0 += kPrefetch) {
 #pragma unroll
     for (int q = 0; q < kPrefetch; ++q) {
-      const std::int64_t r = r0 + q;
-      if (r < rounds) {  // uniform across the block
+      const std::uint32_t r = r0 + q;
+      if (r < rounds32) {  // uniform across the block
         uint4 cur[kU];
         bool any = false;
+        const bool load = r + kPrefetch < rounds32;
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           cur[u] = buf[q][u];
           any |= e.pre.vector_may_pass(cur[u]);
-          if (r + kPrefetch < rounds) {
-            buf[q][u] = __ldg(vec + ((r + kPrefetch) * kU + u) * kThreads + tid);
-          }
+          if (load) buf[q][u] = __ldg(next + u * kThreads);
         }
+        next += kU * kThreads;
         auto col_of = [&](int u, int j) {
-          return static_cast<std::uint32_t>(a0 + ((r * kU + u) * kThreads + tid) * kVec + j);
+          return col_thread + (r * kU + u) * (kThreads * kVec) + j;
         };
         if (e.admits_everything()) {  // uniform: the rounds before the first select
           if (track_nan) {
@@ -616,12 +631,12 @@ __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const C
 /// Carves the dynamic shared memory and builds the engine.
 template <class Traits, int kThreads>
 __device__ __forceinline__ FilterEngine<Traits, kThreads> make_engine(
-    const TopkKernelParams& p, std::uint32_t* smem, SelectScratch<kThreads>& scratch,
-    std::uint32_t* warp_hits) {
-  const std::uint32_t s = p.survivor_slots;
-  FilterEngine<Traits, kThreads> e{Candidates{smem, smem + s, 0},
-                                   Candidates{smem + 2 * s, smem + 3 * s, 0},
-                                   Candidates{smem + 4 * s, smem + 4 * s + p.newcomer_slots, 0},
+    const TopkKernelParams& p, SelectScratch<kThreads>& scratch, std::uint32_t* warp_hits) {
+  FilterEngine<Traits, kThreads> e{p.survivor_slots,
+                                   p.newcomer_slots,
+                                   0,
+                                   0,
+                                   0,
                                    scratch,
                                    warp_hits,
                                    p.k_select,
@@ -635,9 +650,8 @@ __device__ __forceinline__ FilterEngine<Traits, kThreads> make_engine(
 // Kernels
 // ---------------------------------------------------------------------------------------------
 
-template <class Traits, int kThreads, int kPrefetchVectors, int kMinBlocks>
+template <class Traits, int kThreads, int kPrefetchVectors, int kMinBlocks, int kU>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const TopkKernelParams p) {
-  extern __shared__ __align__(16) std::uint32_t smem[];
   __shared__ SelectScratch<kThreads> scratch;
   __shared__ std::uint32_t warp_hits[2 * 2 * 32];
 
@@ -646,14 +660,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   std::int64_t seg_lo, seg_hi;
   slice_range(p, b, s, seg_lo, seg_hi);
 
-  auto e = make_engine<Traits, kThreads>(p, smem, scratch, warp_hits);
+  auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
   const bool track_nan = p.nan_flag != nullptr;
   bool any_nan =
-      stream_row<Traits, kThreads, kPrefetchVectors>(e, row, seg_lo, seg_hi, track_nan, true);
+      stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan, true);
   if (e.rescan_needed()) {  // uniform; rare: the sample overestimated the range
     e.reset();
-    any_nan |= stream_row<Traits, kThreads, kPrefetchVectors>(e, row, seg_lo, seg_hi, track_nan, false);
+    any_nan |=
+        stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan, false);
   }
   if (track_nan && __syncthreads_or(any_nan) && threadIdx.x == 0) *p.nan_flag = 1;
 
@@ -671,12 +686,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
 
 template <class Traits, int kThreads>
 __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKernelParams p) {
-  extern __shared__ __align__(16) std::uint32_t smem[];
   __shared__ SelectScratch<kThreads> scratch;
   __shared__ std::uint32_t warp_hits[2 * 2 * 32];
 
   const std::int64_t b = blockIdx.x;
-  auto e = make_engine<Traits, kThreads>(p, smem, scratch, warp_hits);
+  auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
   // The slices' lists, slice after slice, are in column order; slot_stride is a multiple of 4
   // and the workspace is 256-byte aligned, so every row starts on a 16-byte boundary.
   const std::int64_t pairs = static_cast<std::int64_t>(p.slices) * p.slot_stride;
