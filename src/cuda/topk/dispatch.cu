@@ -132,7 +132,8 @@ std::size_t segmented_sort_bytes(std::int64_t batch, std::int64_t k, cudaStream_
 
 /// Byte offsets of the workspace parts; 0-sized parts are absent.
 struct Layout {
-  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, ranked_in = 0, ranked_out = 0, cub = 0;
+  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, slice_floor = 0, ranked_in = 0,
+              ranked_out = 0, cub = 0;
   std::size_t total = 0;
 };
 
@@ -226,6 +227,10 @@ Launch make_launch(const TopkProblem& p) {
         static_cast<std::size_t>(p.batch) * plan.slices * l.slot_stride * sizeof(std::uint32_t);
     l.layout.slice_key = take(bytes);
     l.layout.slice_col = take(bytes);
+    if (plan.path == TopkPath::kFilter) {
+      l.layout.slice_floor =
+          take(static_cast<std::size_t>(p.batch) * plan.slices * sizeof(std::uint32_t));
+    }
   }
   l.layout.total = off;
   return l;
@@ -266,6 +271,9 @@ TopkKernelParams make_params(const TopkProblem& p, const Launch& l, char* ws) {
   if (l.plan.slices > 1) {
     k.slice_key = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_key);
     k.slice_col = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_col);
+    if (l.plan.path == TopkPath::kFilter) {
+      k.slice_floor = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_floor);
+    }
   }
   if (l.plan.path == TopkPath::kRadix && p.order == TopkOrder::kValue) {
     k.ranked = reinterpret_cast<std::uint64_t*>(ws + l.layout.ranked_in);

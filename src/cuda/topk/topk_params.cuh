@@ -45,6 +45,10 @@ struct TopkKernelParams {
   std::uint32_t slot_stride;  // slots per slice, a multiple of 4
   std::uint32_t* slice_key;
   std::uint32_t* slice_col;
+  // Filter slices: each slice's final threshold when it kept k_select elements (all scoring at
+  // least that), else 0. The row's k-th best scores at least every such threshold, so the merge
+  // admits only scores from their maximum up.
+  std::uint32_t* slice_floor;
 
   // Cluster rows: CTAs per row (one thread-block cluster when > 1).
   int cluster_ctas;

@@ -16,8 +16,10 @@
 //                      k-th key. Single-slice launches write the outputs; multi-slice launches
 //                      write each slice's best k to workspace.
 //   topk_merge_kernel  one CTA per row: streams the slices' (key, column) lists, which are in
-//                      column order slice after slice, through the same filter, then writes the
-//                      outputs. Used when B is too small to fill the GPU with one CTA per row.
+//                      column order slice after slice, through the same filter from the largest
+//                      of the slices' final thresholds (a lower bound of the row's k-th best),
+//                      then writes the outputs. Used when B is too small to fill the GPU with
+//                      one CTA per row.
 //
 // Thread roles: all threads load, filter and append; all take part in every select.
 // Shared memory (dynamic): survivors key/col [2][kS] (kS = next power of two >= k, so the
@@ -676,6 +678,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
     write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
   } else {
     const Candidates c = e.finish(false);
+    if (threadIdx.x == 0) {
+      p.slice_floor[b * p.slices + s] = c.n == p.k_select ? e.threshold : kExcludedScore;
+    }
     const std::int64_t base = (b * p.slices + s) * p.slot_stride;
     for (std::uint32_t j = threadIdx.x; j < p.slot_stride; j += kThreads) {
       p.slice_key[base + j] = j < c.n ? c.key[j] : kExcludedScore;
@@ -689,8 +694,17 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
   __shared__ SelectScratch<kThreads> scratch;
   __shared__ std::uint32_t warp_hits[2 * 2 * 32];
 
+  __shared__ std::uint32_t row_floor;
   const std::int64_t b = blockIdx.x;
   auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
+  // A slice that kept k elements, all scoring at least its threshold, bounds the row's k-th
+  // best from below: the merge admits only scores from the largest such bound up, which leaves
+  // about k + a few slices' worth of candidates instead of selecting every `slack` newcomers.
+  if (threadIdx.x == 0) row_floor = kExcludedScore;
+  __syncthreads();
+  if (threadIdx.x < p.slices) atomicMax(&row_floor, p.slice_floor[b * p.slices + threadIdx.x]);
+  __syncthreads();
+  if (row_floor > kExcludedScore + 1) e.set_threshold(row_floor - 1);
   // The slices' lists, slice after slice, are in column order; slot_stride is a multiple of 4
   // and the workspace is 256-byte aligned, so every row starts on a 16-byte boundary.
   const std::int64_t pairs = static_cast<std::int64_t>(p.slices) * p.slot_stride;
