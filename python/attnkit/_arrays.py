@@ -91,10 +91,10 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
         try:
             code = DTYPE_CODES[_NUMPY_NAMES[a.dtype]]
         except KeyError:
-            raise TypeError(f"{name}.dtype = {a.dtype}; attnkit has no such dtype") from None
+            raise TypeError(f"topk: {name}.dtype = {a.dtype}; attnkit has no such dtype") from None
         item = a.dtype.itemsize
         if any(s % item for s in a.strides):
-            raise ValueError(f"{name} has byte strides {a.strides} that are not multiples of its "
+            raise ValueError(f"topk: {name} has byte strides {a.strides} that are not multiples of its "
                              f"itemsize {item}")
         return (a.__array_interface__["data"][0], a.shape,
                 tuple(s // item for s in a.strides), code, 0, 0)
@@ -102,14 +102,14 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
         try:
             code = DTYPE_CODES[str(a.dtype).removeprefix("torch.")]
         except KeyError:
-            raise TypeError(f"{name}.dtype = {a.dtype}; attnkit has no such dtype") from None
+            raise TypeError(f"topk: {name}.dtype = {a.dtype}; attnkit has no such dtype") from None
         dev = a.device
         if dev.type == "cpu":
             device_type, index = 0, 0
         elif dev.type == "cuda":
             device_type, index = 1, dev.index if dev.index is not None else 0
         else:
-            raise ValueError(f"{name} is on device {dev}; attnkit runs on cpu and cuda tensors")
+            raise ValueError(f"topk: {name} is on device {dev}; attnkit runs on cpu and cuda tensors")
         return (a.data_ptr(), tuple(a.shape), tuple(a.stride()), code, device_type, index)
     return a
 
