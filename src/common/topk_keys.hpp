@@ -138,8 +138,8 @@ ATTNKIT_HD std::uint32_t prefilter_bound_bits(std::uint32_t threshold, ScorePara
   // them all through. SIGN | (SIGN - asc) would be a NaN pattern here, which no ordered
   // comparison passes. (With smallest, -inf is the best value and no threshold lies above it.)
   if (asc < Traits::kSign - Traits::kInf) return neg_inf;
-  // asc = SIGN + mag for x >= 0, SIGN - mag for x < 0 (see score_of).
-  return asc >= Traits::kSign ? asc - Traits::kSign : (Traits::kSign | (Traits::kSign - asc));
+  bool unique;  // the value whose score is the threshold; zero's either sign bounds the same
+  return bits_of_score<Traits>(threshold, p, unique);
 }
 
 }  // namespace attnkit::detail

@@ -210,7 +210,8 @@ Launch make_launch(const TopkProblem& p) {
         // Cut rows so that the grid covers the GPU, each slice streams at least 16K elements
         // (two 16-bit rounds), and the merge reads at most 32K candidates per row.
         const std::int64_t want = sms / p.batch;
-        const std::int64_t by_length = p.row_len / (2 * static_cast<std::int64_t>(cuda::WidePolicy::round(2)));
+        const std::int64_t by_length =
+            p.row_len / (2 * static_cast<std::int64_t>(cuda::WidePolicy::round(2)));
         const std::int64_t by_merge = 32768 / l.slot_stride;
         plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
       }

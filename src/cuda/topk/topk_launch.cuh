@@ -212,7 +212,8 @@ void launch_rows(const TopkPlan& plan, TopkKernelParams p, cudaStream_t stream) 
       launch_rows_with<Traits, NarrowPolicy>(plan, p, stream, "topk_rows_kernel<256>");
       break;
     case RowsPolicy::kNarrowHalfRound:
-      launch_rows_with<Traits, NarrowHalfRoundPolicy>(plan, p, stream, "topk_rows_kernel<256, half round>");
+      launch_rows_with<Traits, NarrowHalfRoundPolicy>(plan, p, stream,
+                                                      "topk_rows_kernel<256, half round>");
       break;
     case RowsPolicy::kWide:
       launch_rows_with<Traits, WidePolicy>(plan, p, stream, "topk_rows_kernel<512>");

@@ -6,12 +6,12 @@
 //   topk_rows_kernel   one CTA per (row, slice). A slice of at least kFilterSampleMinVectors
 //                      vectors first samples a floor (FilterEngine::sample_floor), the starting
 //                      threshold, and is streamed again from the bottom in the rare case that
-//                      fewer than k elements reach it. A slice streams its columns in order, a round
-//                      of kU (2 or 4, by policy) coalesced 16-byte vectors per thread at a
-//                      time, kPrefetchVectors vectors ahead. An element is a newcomer if it may beat the threshold by one
-//                      float comparison (prefilter_bound_bits) and does by its exact score;
-//                      newcomers are appended in column order (block prefix sums, one barrier
-//                      per round). When survivors + newcomers reach `limit`, select_into keeps
+//                      fewer than k elements reach it. A slice streams its columns in order, a
+//                      round of kU (2 or 4, by policy) coalesced 16-byte vectors per thread at a
+//                      time, kPrefetchVectors vectors ahead. An element is a newcomer if it may
+//                      beat the threshold by one float comparison (prefilter_bound_bits) and
+//                      does by its exact score; newcomers are appended in column order (block
+//                      prefix sums, one barrier per round). When survivors + newcomers reach `limit`, select_into keeps
 //                      the best k in the other survivor list and the threshold rises to the
 //                      k-th key. Single-slice launches write the outputs; multi-slice launches
 //                      write each slice's best k to workspace.
@@ -135,10 +135,6 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
   return uint4{words[0], words[1], words[2], words[3]};
 }
 
-/// Elements per 16-byte vector: 4 fp32 or 8 16-bit.
-template <class Traits>
-constexpr int kVectorElems = Traits::kBits == 32 ? 4 : 8;
-
 /// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any
 /// element of a 16-byte vector may score above the threshold (word_may_pass). Input words are
 /// XORed with `sign_flip` (the sign bits for largest=false, else 0) and compared with
@@ -230,11 +226,10 @@ struct FilterEngine {
   /// three), since one row of a batch that misses it is scanned twice and sets the time of
   /// the whole launch: a miss then takes more than 5 sigma, odds below 1e-6 a row on i.i.d.
   /// data, while ~k (1 + 5 / sqrt(e)) admissions still fit before the first select for
-  /// e >= 25. Elements below the floor
-  /// are never admitted, so the rounds start near the final threshold instead of appending the
-  /// first rounds whole and selecting often while it rises. Exact whenever at least k elements
-  /// reach the floor; rescan_needed() tells when fewer did. Call before any append; every
-  /// thread calls it.
+  /// e >= 25. Elements below the floor are never admitted, so the rounds start near the final
+  /// threshold instead of appending the first rounds whole and selecting often while it rises.
+  /// Exact whenever at least k elements reach the floor; rescan_needed() tells when fewer did.
+  /// Call before any append; every thread calls it.
   template <int kVec>
   __device__ void sample_floor(const uint4* vec, std::int64_t vectors, std::int64_t len) {
     constexpr std::uint32_t kSamples = kFilterSampleThreads * kVec;
@@ -438,7 +433,7 @@ template <class Traits, int kThreads, int kPrefetchVectors, int kU>
 __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Traits::Bits* row,
                            std::int64_t lo, std::int64_t hi, bool track_nan, bool sample) {
   using Bits = typename Traits::Bits;
-  constexpr int kVec = kVectorElems<Traits>;
+  constexpr int kVec = 16 / sizeof(Bits);
   constexpr int kPrefetch = kPrefetchVectors / kU > 0 ? kPrefetchVectors / kU : 1;  // rounds
   const int tid = threadIdx.x;
   bool any_nan = false;
