@@ -47,20 +47,50 @@ ATTNKIT_HD constexpr bool short_sampled(std::int64_t col, std::int64_t row_len) 
 /// elements (with twice that minimum, causal rows of 65536 columns ran 8-13 % slower, run 44).
 inline constexpr int kFilterSampleThreads = 256;
 inline constexpr std::int64_t kFilterSampleMinVectors = 8 * kFilterSampleThreads;
+/// Most vectors a sampling thread reads, on long ranges with small k.
+inline constexpr int kFilterSampleMaxPerThread = 8;
 
-/// The vector (0 .. vectors - 1, counted from the range's first 16-byte boundary) that sampling
-/// thread `t` reads: one per stretch of vectors / 256, at an offset that varies by thread so
-/// that no period of the data lines up with the sample.
-ATTNKIT_HD constexpr std::int64_t filter_sample_vector(int t, std::int64_t vectors) {
-  const std::int64_t stretch = vectors / kFilterSampleThreads;
-  return t * stretch + (t * 37) % stretch;
+/// Vectors each sampling thread reads from a range of `len` elements held in `vectors` aligned
+/// vectors of `vec` elements, when the best k are wanted and `slots` sampled keys fit in shared
+/// memory: enough that about 16 of the best k are expected in the sample (the floor's margin,
+/// 5 sqrt(e) + 5 samples, then costs ~2.6 k admissions instead of up to ~11 k with one vector a
+/// thread on 1M-column rows), and only on ranges of at least 2 kFilterSampleMinVectors vectors
+/// a vector read (shorter ranges read one). At most kFilterSampleMaxPerThread vectors of 16-bit
+/// elements and two of fp32 (4 a vector), whose keys take four radix passes instead of two:
+/// four vectors a thread made 256 x 129280 fp32 rows with k = 50 3 % slower, two made k = 1024
+/// 5 % faster (run 51).
+ATTNKIT_HD constexpr int filter_samples_per_thread(std::int64_t k, std::int64_t len,
+                                                   std::int64_t vectors, int vec,
+                                                   std::int64_t slots) {
+  const int most = vec == 4 ? 2 : kFilterSampleMaxPerThread;
+  int m = 1;
+  while (m < most &&
+         k * kFilterSampleThreads * vec * m < 16 * len &&  // expected count e below 16
+         vectors >= 2 * kFilterSampleMinVectors * (2 * m) &&
+         kFilterSampleThreads * vec * (2 * m) <= slots) {
+    m *= 2;
+  }
+  return m;
 }
 
-/// Whether vector `v` of an aligned range of `vectors` vectors is sampled by the filter kernel.
+/// The vector (0 .. vectors - 1, counted from the range's first 16-byte boundary) that sample
+/// `s` of kFilterSampleThreads * per_thread reads (sampling thread t reads samples t,
+/// t + kFilterSampleThreads, ...): one per stretch of vectors / (kFilterSampleThreads *
+/// per_thread), at an offset that varies by sample so that no period of the data lines up with
+/// the sample.
+ATTNKIT_HD constexpr std::int64_t filter_sample_vector(std::int64_t s, std::int64_t vectors,
+                                                       int per_thread = 1) {
+  const std::int64_t stretch = vectors / (static_cast<std::int64_t>(kFilterSampleThreads) * per_thread);
+  return s * stretch + (s * 37) % stretch;
+}
+
+/// Whether vector `v` of an aligned range of `vectors` vectors is sampled by the filter kernel
+/// when its threads read one vector each (every range shorter than 4 kFilterSampleMinVectors,
+/// and longer ones when 16 of the best k are expected in such a sample).
 ATTNKIT_HD constexpr bool filter_sampled_vector(std::int64_t v, std::int64_t vectors) {
   if (vectors < kFilterSampleMinVectors) return false;
   const std::int64_t t = v / (vectors / kFilterSampleThreads);
-  return t < kFilterSampleThreads && filter_sample_vector(static_cast<int>(t), vectors) == v;
+  return t < kFilterSampleThreads && filter_sample_vector(t, vectors) == v;
 }
 
 }  // namespace attnkit::detail

@@ -461,15 +461,17 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
 // of two for 16-bit k = 2048), each starting from a floor sampled from its row (at least 2048
 // aligned vectors), on every distribution. The bait puts the row's best values at the sampled
 // vectors, so that fewer than k elements reach the floor and every row is scanned again from
-// the bottom (fp32 k=300, bf16 k=700, fp16 k=2048 with NaN ignored; k above the floor's rank,
-// 28-175 samples); descending rows put the best at the start.
+// the bottom (k = 600, 700 or 2048, above the floor's rank of 42-175 samples); descending rows
+// put the best at the start.
 TEST_F(TopkCuda, FilterSampledFloorDistributions) {
   std::uint64_t seed = 4600;
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   for (int d = 0; d < kDists; ++d) {
     for (std::int64_t k0 : {7, 700, 2048}) {
       const bool bait = d == static_cast<int>(Dist::kSampleBait);
-      const std::int64_t k = bait && k0 == 7 ? 300 : k0;  // a rescan needs k above the rank
+      // A rescan needs k above the floor's rank, and 16 of the best k expected in a sample of
+      // one vector a thread (so that the sample is the one the bait was planted at).
+      const std::int64_t k = bait && k0 == 7 ? 600 : k0;
       Case c;
       c.dtype = dtypes[(seed + static_cast<std::uint64_t>(d)) % 3];
       c.largest = seed % 2 == 0 || bait;

@@ -15,6 +15,8 @@ namespace {
 
 using attnkit::detail::filter_sample_vector;
 using attnkit::detail::filter_sampled_vector;
+using attnkit::detail::filter_samples_per_thread;
+using attnkit::detail::kFilterSampleMaxPerThread;
 using attnkit::detail::kFilterSampleMinVectors;
 using attnkit::detail::kFilterSampleThreads;
 using attnkit::detail::kShortMaxLen;
@@ -44,6 +46,56 @@ TEST(TopkSample, FilterSampledNamesExactlyTheSampledVectors) {
     for (std::int64_t v = 0; v < vectors; ++v) {
       ASSERT_EQ(filter_sampled_vector(v, vectors), sampled.count(v) == 1)
           << "vectors=" << vectors << " v=" << v;
+    }
+  }
+}
+
+// Several vectors a sampling thread: sample s of S = 256 * per_thread lies in the s-th of S
+// equal stretches, so all are distinct and inside the range.
+TEST(TopkSample, FilterSeveralVectorsAThreadOnePerStretch) {
+  for (int per_thread : {2, 4, 8}) {
+    for (std::int64_t vectors : {2 * kFilterSampleMinVectors * per_thread, std::int64_t{32320},
+                                 std::int64_t{131072} + 5, std::int64_t{1} << 24}) {
+      const std::int64_t samples = std::int64_t{kFilterSampleThreads} * per_thread;
+      if (vectors < samples) continue;
+      const std::int64_t stretch = vectors / samples;
+      for (std::int64_t s = 0; s < samples; ++s) {
+        const std::int64_t v = filter_sample_vector(s, vectors, per_thread);
+        ASSERT_GE(v, s * stretch) << "vectors=" << vectors << " s=" << s;
+        ASSERT_LT(v, (s + 1) * stretch) << "vectors=" << vectors << " s=" << s;
+        ASSERT_LT(v, vectors);
+      }
+    }
+  }
+}
+
+// More vectors a thread only where few of the best k would land in one a thread (fewer than
+// 16 expected), the range is long enough (a stretch of 16 vectors a sample or more) and the
+// keys fit; never more than the maximum (two for fp32).
+TEST(TopkSample, FilterSamplesPerThreadFollowsTheExpectedCount) {
+  const std::int64_t slots = 1 << 20;
+  // bf16 (8 a vector): 1M columns, k = 512: e = 1 with one vector a thread.
+  EXPECT_EQ(filter_samples_per_thread(512, 1 << 20, (1 << 20) / 8, 8, slots), 8);
+  EXPECT_EQ(filter_samples_per_thread(512, 1 << 20, (1 << 20) / 8, 8, 9216), 4);  // keys
+  // 128K columns: e = 8 -> two vectors; k = 2048: e = 32 -> one.
+  EXPECT_EQ(filter_samples_per_thread(512, 131072, 16384, 8, slots), 2);
+  EXPECT_EQ(filter_samples_per_thread(2048, 131072, 16384, 8, slots), 1);
+  // fp32 (4 a vector), 129280 columns: at most two a thread (four radix passes a sample).
+  EXPECT_EQ(filter_samples_per_thread(50, 129280, 32320, 4, slots), 2);
+  // Short ranges read one vector a thread whatever k.
+  EXPECT_EQ(filter_samples_per_thread(1, 36000, 4500, 8, slots), 1);
+  EXPECT_EQ(filter_samples_per_thread(1, 32000, 8000, 4, slots), 1);
+  for (std::int64_t k : {1, 7, 64, 512, 4096}) {
+    for (std::int64_t vectors : {kFilterSampleMinVectors, std::int64_t{1} << 17, std::int64_t{1} << 25}) {
+      for (int vec : {4, 8}) {
+        const int m = filter_samples_per_thread(k, vectors * vec, vectors, vec, slots);
+        EXPECT_GE(m, 1);
+        EXPECT_LE(m, vec == 4 ? 2 : kFilterSampleMaxPerThread);
+        if (m > 1) {
+          EXPECT_GE(vectors / (std::int64_t{kFilterSampleThreads} * m), 16) << "k=" << k;
+          EXPECT_LT(k * kFilterSampleThreads * vec * (m / 2), 16 * vectors * vec) << "k=" << k;
+        }
+      }
     }
   }
 }

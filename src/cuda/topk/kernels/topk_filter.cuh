@@ -220,32 +220,43 @@ struct FilterEngine {
   }
 
   /// Sets a floor from a spread sample of a range of `len` elements whose `vectors` aligned
-  /// 16-byte vectors start at `vec` (filter_sample_vector): the score that about
-  /// e + 5 sqrt(e) + 5 sampled elements reach, e = k * samples / len being the expected count
-  /// above the k-th best. The margin is five deviations (the CPU and the cluster kernel take
-  /// three), since one row of a batch that misses it is scanned twice and sets the time of
-  /// the whole launch: a miss then takes more than 5 sigma, odds below 1e-6 a row on i.i.d.
-  /// data, while ~k (1 + 5 / sqrt(e)) admissions still fit before the first select for
-  /// e >= 25. Elements below the floor are never admitted, so the rounds start near the final
-  /// threshold instead of appending the first rounds whole and selecting often while it rises.
-  /// Exact whenever at least k elements reach the floor; rescan_needed() tells when fewer did.
-  /// Call before any append; every thread calls it.
+  /// 16-byte vectors start at `vec` (filter_sample_vector; filter_samples_per_thread vectors a
+  /// sampling thread): the score that about e + 5 sqrt(e) + 5 sampled elements reach, e =
+  /// k * samples / len being the expected count above the k-th best. The margin is five
+  /// deviations (the CPU and the cluster kernel take three), since one row of a batch that
+  /// misses it is scanned twice and sets the time of the whole launch: a miss then takes more
+  /// than 5 sigma, odds below 1e-6 a row on i.i.d. data, while ~k (1 + 5 / sqrt(e)) admissions
+  /// still fit before the first select for e >= 25. Elements below the floor are never
+  /// admitted, so the rounds start near the final threshold instead of appending the first
+  /// rounds whole and selecting often while it rises. Exact whenever at least k elements reach
+  /// the floor; rescan_needed() tells when fewer did. Call before any append; every thread
+  /// calls it.
   template <int kVec>
   __device__ void sample_floor(const uint4* vec, std::int64_t vectors, std::int64_t len) {
-    constexpr std::uint32_t kSamples = kFilterSampleThreads * kVec;
-    const float expected = static_cast<float>(k) * kSamples / static_cast<float>(len);
+    const int per_thread = filter_samples_per_thread(k, len, vectors, kVec, newcomer_slots);
+    const std::uint32_t samples = kFilterSampleThreads * kVec * per_thread;
+    const float expected = static_cast<float>(k) * samples / static_cast<float>(len);
     const auto rank = static_cast<std::uint32_t>(expected + 5.0f * sqrtf(expected) + 5.0f);
-    if (rank > kSamples / 4) return;  // uniform: a floor would let in much of the row anyway
+    if (rank > samples / 4) return;  // uniform: a floor would let in much of the row anyway
     Candidates sample = newcomers();
     if (threadIdx.x < kFilterSampleThreads) {
-      const uint4 v = __ldg(vec + filter_sample_vector(threadIdx.x, vectors));
+      uint4 v[kFilterSampleMaxPerThread];  // all in flight at once
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        sample.key[threadIdx.x * kVec + j] = score_of<Traits>(vector_element<kVec>(v, j), sp);
+      for (int i = 0; i < kFilterSampleMaxPerThread; ++i) {
+        const std::int64_t s = threadIdx.x + i * kFilterSampleThreads;
+        if (i < per_thread) v[i] = __ldg(vec + filter_sample_vector(s, vectors, per_thread));
+      }
+#pragma unroll
+      for (int i = 0; i < kFilterSampleMaxPerThread; ++i) {
+        const std::uint32_t s = threadIdx.x + i * kFilterSampleThreads;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          if (i < per_thread) sample.key[s * kVec + j] = score_of<Traits>(vector_element<kVec>(v[i], j), sp);
+        }
       }
     }
     std::uint32_t need;
-    sample.n = kSamples;
+    sample.n = samples;
     const std::uint32_t f = radix_kth<kThreads, Traits::kBits>(
         sample, Candidates{sample.key, sample.col, 0}, rank, scratch, need);
     if (f > kExcludedScore + 1) set_threshold(f - 1);  // below that, it excludes nothing
