@@ -82,6 +82,27 @@ def check_array(a: Any, name: str) -> None:
                     "tensor or an array supporting DLPack")
 
 
+def resolved(a: Any) -> Any:
+    """An input array as attnkit reads it: `a` itself, or
+    - for a torch view with its negative or conjugate bit set (whose memory holds the values
+      before that sign or conjugation), a resolved copy;
+    - for a producer that offers only ``__dlpack__`` (no ``shape`` or ``dtype``), the array
+      imported from it: NumPy's on the CPU, torch's on a GPU.
+    The caller holds the result for the duration of the call."""
+    if is_torch(a):
+        return a.resolve_neg().resolve_conj() if a.is_neg() or a.is_conj() else a
+    if (a is None or isinstance(a, np.ndarray) or not hasattr(type(a), "__dlpack__")
+            or (hasattr(a, "shape") and hasattr(a, "dtype"))):
+        return a
+    if device_of(a)[0] == "cpu":
+        return np.from_dlpack(a)
+    torch = _torch()
+    if torch is None:
+        raise TypeError(f"a {type(a).__name__} on {device_of(a)} offers only __dlpack__; "
+                        "import torch to read it, or pass a torch tensor")
+    return torch.from_dlpack(a)
+
+
 def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     """What the extension takes for array `a`: a raw-view tuple, or `a` itself for DLPack."""
     check_array(a, name)
@@ -99,6 +120,13 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
         return (a.__array_interface__["data"][0], a.shape,
                 tuple(s // item for s in a.strides), code, 0, 0)
     if is_torch(a):
+        if a.is_neg() or a.is_conj():
+            what = "output" if writable else "input (resolve it first)"
+            raise ValueError(f"topk: {name} is a torch view with its negative or conjugate bit "
+                             f"set, which attnkit cannot read or write as memory; pass a plain "
+                             f"tensor as this {what}")
+        if a.layout != _torch().strided:
+            raise TypeError(f"topk: {name} has layout {a.layout}; expected a strided (dense) tensor")
         try:
             code = DTYPE_CODES[str(a.dtype).removeprefix("torch.")]
         except KeyError:

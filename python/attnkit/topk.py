@@ -42,12 +42,32 @@ def _integer(name: str, value: Any) -> int:
     return value
 
 
-def _choice(name: str, value: Any, table: dict) -> int:
+def _real(name: str, value: Any) -> float:
     try:
-        return table[value]
+        return float(value)
+    except OverflowError:
+        shown = repr(value) if len(repr(value)) <= 32 else repr(value)[:29] + "..."
+        raise ValueError(f"topk: {name} = {shown} is outside the float64 range") from None
+
+
+def _x_dtype_ok(x: Any) -> bool:
+    """Whether x's dtype is one topk takes (the C++ check names it otherwise)."""
+    try:
+        return _arrays.dtype_name(x.dtype) in ("float32", "bfloat16", "float16")
+    except (AttributeError, TypeError):
+        return False
+
+
+def _choice(name: str, value: Any, table: dict) -> int:
+    # Keys are strings, bools and None: an int equal to a bool (1 == True) is not a choice.
+    known = isinstance(value, (str, bool, np.bool_)) or value is None
+    try:
+        if known:
+            return table[bool(value) if isinstance(value, np.bool_) else value]
     except (KeyError, TypeError):
-        allowed = ", ".join(repr(k) for k in table if k is not None)
-        raise ValueError(f"topk: {name} = {value!r}; expected one of {allowed}") from None
+        pass
+    allowed = ", ".join(repr(k) for k in table)
+    raise ValueError(f"topk: {name} = {value!r}; expected one of {allowed}")
 
 
 def topk(
@@ -203,10 +223,15 @@ def topk(
                 out_values=out_values, out_indices=out_indices, index_offset=index_offset,
                 index_fill=index_fill, value_fill=value_fill, nan=nan, ties=ties, check=check))
 
+    # torch views with the negative or conjugate bit set (x.conj().imag, torch._neg_view) hold
+    # their values in memory with the sign not yet applied, and bare DLPack producers have no
+    # shape or dtype to read: both are read through arrays made for the call (held until it ends).
+    x, begin, end, index_offset = (_arrays.resolved(a) for a in (x, begin, end, index_offset))
     shape = tuple(getattr(x, "shape", ()))
-    # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
-    # name before any large allocation.
-    columns = k if 0 <= k <= _MAX_EXTENT else 0
+    # Outside [0, 2^31 - 1], k allocates empty outputs, and so does an x of a rank or dtype
+    # that topk refuses, so that the C++ check reports it by name before any large allocation.
+    x_ok = len(shape) in (1, 2) and _x_dtype_ok(x)
+    columns = k if x_ok and 0 <= k <= _MAX_EXTENT else 0
     out_shape = (*shape[:-1], columns) if len(shape) >= 1 else (columns,)
     if out_indices is None:
         out_indices = _arrays.empty(x, out_shape, index_name)
@@ -227,19 +252,20 @@ def topk(
         None if end is None else _arrays.raw_view(end, "end"),
         None if index_offset is None else _arrays.raw_view(index_offset, "index_offset"),
         k, bool(largest), order, nan_code, ties_code, index_fill,
-        None if value_fill is None else float(value_fill), check_code, backend_code,
+        None if value_fill is None else _real("value_fill", value_fill), check_code, backend_code,
     )
-    workspace = None
+    workspace = scratch = None
     if _arrays.is_torch(x) and x.device.type == "cuda":
-        # Scratch from torch's caching allocator: stream-ordered and safe in CUDA graphs.
+        # Scratch from torch's caching allocator: stream-ordered and safe in CUDA graphs. The
+        # tensor is held until the launch has been enqueued.
         size = _ext.topk_workspace_size(*args)
         if size:
             import torch
 
-            workspace = _arrays.raw_view(
-                torch.empty(size + 256, dtype=torch.uint8, device=x.device), "workspace")
-            workspace = _aligned(workspace)
+            scratch = torch.empty(size + 256, dtype=torch.uint8, device=x.device)
+            workspace = _aligned(_arrays.raw_view(scratch, "workspace"))
     _ext.topk(*args, workspace, _arrays.current_stream(x))
+    del scratch
 
     values = out_values if return_values else None
     if made_values:

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import torch
 
+from . import _arrays
 from .topk import topk as _eager_topk
 
 _LIB = torch.library.Library("attnkit", "DEF")
@@ -44,6 +45,8 @@ _LIB.define(
 
 
 def _out_shape(x: torch.Tensor, k: int) -> tuple:
+    # A k that topk refuses gets empty outputs here; the op itself then names it.
+    k = k if 0 <= k <= 2**31 - 1 else 0
     return (*x.shape[:-1], k) if x.dim() >= 1 else (k,)
 
 
@@ -95,10 +98,12 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_values, grad_indices):
     indices, begin, end, index_offset, x = ctx.saved_tensors
     none = (None,) * 13
-    if grad_values is None or grad_values.numel() == 0:
+    if grad_values is None:
         return (None,) + none
     # Rows as [B, N]; a 1-D x is one row.
     n = ctx.x_shape[-1]
+    if grad_values.numel() == 0 or n == 0:  # nothing selected: a zero gradient of x's shape
+        return (grad_values.new_zeros(ctx.x_shape),) + none
     idx = indices.reshape(-1, indices.shape[-1]).long()
     grad = grad_values.reshape(idx.shape)
     rows = idx.shape[0]
@@ -113,6 +118,8 @@ def _backward(ctx, grad_values, grad_indices):
         selectable = selectable - (torch.isnan(x.reshape(rows, n)) & in_range).sum(-1)
     real = torch.arange(idx.shape[-1], device=idx.device)[None, :] < selectable.clamp(max=ctx.k)[:, None]
     cols = idx - index_offset.long()[:, None] if index_offset is not None else idx
+    if indices.dtype == torch.int32:  # int32 indices wrap: undo the offset modulo 2^32
+        cols = cols & 0xFFFFFFFF
     cols = torch.where(real, cols, 0).clamp(0, max(n - 1, 0))
     grad_x = grad.new_zeros((rows, n))
     grad_x.scatter_add_(-1, cols, torch.where(real, grad, 0))
@@ -134,7 +141,11 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
                      ties: str, check: Optional[bool]):
     """attnkit.topk through the dispatcher: the same arguments and results."""
     order = ("value" if sorted else "none") if isinstance(sorted, bool) else sorted
-    # The op's schema takes tensors: NumPy begin/end/index_offset become (zero-copy) tensors.
+    # The op's schema takes tensors: NumPy begin/end/index_offset become (zero-copy) tensors;
+    # lists and other non-arrays are refused as on the eager path.
+    for name, v in (("begin", begin), ("end", end), ("index_offset", index_offset)):
+        if v is not None:
+            _arrays.check_array(v, name)
     begin, end, index_offset = (v if v is None or isinstance(v, torch.Tensor) else torch.as_tensor(v)
                                 for v in (begin, end, index_offset))
     if out_indices is not None:

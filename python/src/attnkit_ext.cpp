@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attnkit/attnkit.hpp"
 #include "baselines.hpp"
@@ -71,7 +72,11 @@ DType dtype_from_nb(nb::dlpack::dtype d) {
 }
 
 /// Any DLPack producer (CuPy, JAX, ...) or buffer-protocol object, through nanobind.
-TensorView view_from_dlpack(nb::handle obj, const char* name) {
+/// The DLPack tensors a call imported: each holds its producer's buffer (a capsule may own the
+/// only reference to it), so they live until the call has returned. Destroyed with the GIL held.
+using Imports = std::vector<nb::ndarray<>>;
+
+TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports) {
   nb::ndarray<> a;
   if (!nb::try_cast(obj, a)) {
     throw nb::type_error((std::string(name) + " is a " +
@@ -97,17 +102,18 @@ TensorView view_from_dlpack(nb::handle obj, const char* name) {
     v.shape[d] = static_cast<std::int64_t>(a.shape(static_cast<std::size_t>(d)));
     v.strides[d] = a.stride(static_cast<std::size_t>(d));
   }
+  imports.push_back(std::move(a));
   return v;
 }
 
-TensorView to_view(nb::handle obj, const char* name) {
+TensorView to_view(nb::handle obj, const char* name, Imports& imports) {
   if (nb::isinstance<nb::tuple>(obj)) return view_from_tuple(nb::borrow<nb::tuple>(obj));
-  return view_from_dlpack(obj, name);
+  return view_from_dlpack(obj, name, imports);
 }
 
-std::optional<TensorView> to_optional_view(nb::handle obj, const char* name) {
+std::optional<TensorView> to_optional_view(nb::handle obj, const char* name, Imports& imports) {
   if (obj.is_none()) return std::nullopt;
-  return to_view(obj, name);
+  return to_view(obj, name, imports);
 }
 
 cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
@@ -117,14 +123,15 @@ cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>
 // ---------------------------------------------------------------------------------------------
 
 attnkit::TopkTensors topk_tensors(nb::handle x, nb::handle out_indices, nb::handle out_values,
-                                  nb::handle begin, nb::handle end, nb::handle index_offset) {
+                                  nb::handle begin, nb::handle end, nb::handle index_offset,
+                                  Imports& imports) {
   attnkit::TopkTensors t;
-  t.x = to_view(x, "x");
-  t.out_indices = to_view(out_indices, "out_indices");
-  t.out_values = to_optional_view(out_values, "out_values");
-  t.begin = to_optional_view(begin, "begin");
-  t.end = to_optional_view(end, "end");
-  t.index_offset = to_optional_view(index_offset, "index_offset");
+  t.x = to_view(x, "x", imports);
+  t.out_indices = to_view(out_indices, "out_indices", imports);
+  t.out_values = to_optional_view(out_values, "out_values", imports);
+  t.begin = to_optional_view(begin, "begin", imports);
+  t.end = to_optional_view(end, "end", imports);
+  t.index_offset = to_optional_view(index_offset, "index_offset", imports);
   return t;
 }
 
@@ -166,11 +173,12 @@ NB_MODULE(_ext, m) {
          nb::handle end, nb::handle index_offset, std::int64_t k, bool largest, int sorted,
          int nan, int ties, std::int64_t index_fill, std::optional<double> value_fill, int check,
          int backend, nb::handle workspace, std::uintptr_t stream) {
+        Imports imports;  // outlives the release below: destroyed after the GIL is back
         const attnkit::TopkTensors t =
-            topk_tensors(x, out_indices, out_values, begin, end, index_offset);
+            topk_tensors(x, out_indices, out_values, begin, end, index_offset, imports);
         const attnkit::TopkOptions o =
             topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend);
-        const std::optional<TensorView> ws = to_optional_view(workspace, "workspace");
+        const std::optional<TensorView> ws = to_optional_view(workspace, "workspace", imports);
         nb::gil_scoped_release release;
         if (ws) {
           std::size_t bytes = static_cast<std::size_t>(ws->numel());
@@ -191,8 +199,9 @@ NB_MODULE(_ext, m) {
          nb::handle end, nb::handle index_offset, std::int64_t k, bool largest, int sorted,
          int nan, int ties, std::int64_t index_fill, std::optional<double> value_fill, int check,
          int backend) {
+        Imports imports;
         return attnkit::topk_workspace_size(
-            topk_tensors(x, out_indices, out_values, begin, end, index_offset),
+            topk_tensors(x, out_indices, out_values, begin, end, index_offset, imports),
             topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend));
       },
       nb::arg("x"), nb::arg("out_indices"), nb::arg("out_values").none(),
@@ -210,9 +219,10 @@ NB_MODULE(_ext, m) {
       "baseline_topk",
       [](nb::handle x, nb::handle out_indices, nb::handle out_values, std::int64_t k,
          const std::string& method, bool sort_values) {
-        const TensorView xv = to_view(x, "x");
-        const TensorView iv = to_view(out_indices, "out_indices");
-        const TensorView vv = to_view(out_values, "out_values");
+        Imports imports;
+        const TensorView xv = to_view(x, "x", imports);
+        const TensorView iv = to_view(out_indices, "out_indices", imports);
+        const TensorView vv = to_view(out_values, "out_values", imports);
         nb::gil_scoped_release release;
         attnkit::tools::baseline_topk(xv, iv, vv, k, attnkit::tools::parse_baseline(method),
                                       sort_values);

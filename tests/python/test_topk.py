@@ -498,3 +498,47 @@ def test_bfloat16_is_ml_dtypes():
     v, i = attnkit.topk(x, 2, sorted="value")
     assert v.dtype == np.dtype(ml_dtypes.bfloat16)
     assert v.astype(np.float32).tolist() == [[3.0, 2.0]] and i.tolist() == [[1, 2]]
+
+
+class _CopyingProducer:
+    """A DLPack producer whose capsule owns the only reference to a fresh copy of its array, as
+    a framework that exports a temporary would: the copy must outlive the call."""
+
+    def __init__(self, a):
+        self.a = a
+
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+
+    def __dlpack__(self, **kwargs):
+        return self.a.copy().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+class _BareProducer:
+    """A DLPack producer with nothing but the protocol (no shape, no dtype)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+@pytest.mark.parametrize("n", [1000, 1_000_000])
+def test_dlpack_producer_whose_capsule_owns_a_copy(n):
+    x = np.arange(n, dtype=np.float32).reshape(1, n)
+    values, indices = attnkit.topk(_CopyingProducer(x), 5, sorted="value")
+    assert indices.tolist() == [[n - 1 - j for j in range(5)]]
+    assert values.tolist() == [[float(n - 1 - j) for j in range(5)]]
+
+
+def test_dlpack_producer_with_only_the_protocol():
+    x = np.array([[1.0, 5.0, 3.0, -2.0]], np.float32)
+    values, indices = attnkit.topk(_BareProducer(x), 2)
+    assert indices.tolist() == [[1, 2]] and values.tolist() == [[5.0, 3.0]]

@@ -346,3 +346,42 @@ def test_read_only_outputs_are_refused_and_untouched():
 def test_huge_k_is_refused_before_allocating(k):
     with pytest.raises(ValueError, match=rf"k = {k} must be <= 2\^31 - 1"):
         attnkit.topk(np.zeros(10, np.float32), k)
+
+
+# Option values are matched by type as well as value: 1 is not True.
+@pytest.mark.parametrize("arg,value", [("check", 1), ("sorted", 1), ("sorted", 0), ("check", 0)])
+def test_ints_are_not_bool_choices(arg, value):
+    with pytest.raises(ValueError, match=f"topk: {arg} = {value}; expected one of"):
+        attnkit.topk(np.ones((1, 4), np.float32), 1, **{arg: value})
+
+
+# An x topk refuses by rank or dtype is reported by name, before outputs sized from it are made.
+def test_bad_x_is_named_before_outputs_are_allocated():
+    with pytest.raises(ValueError, match=r"topk: x has 3 dimensions"):
+        attnkit.topk(np.zeros((2**20, 2**20, 0), np.float32), 1)
+    with pytest.raises(TypeError, match="topk: x.dtype = float64"):
+        attnkit.topk(np.zeros((3, 4)), 2**31 - 1)
+
+
+def test_value_fill_beyond_float64_is_named():
+    with pytest.raises(ValueError, match="topk: value_fill = .* outside the float64 range"):
+        attnkit.topk(np.ones((1, 4), np.float32), 1, value_fill=10**400)
+
+
+def test_sparse_torch_x_is_refused_by_name():
+    with pytest.raises(TypeError, match="topk: x has layout torch.sparse_coo"):
+        attnkit.topk(torch.eye(3).to_sparse(), 1)
+
+
+def test_lists_are_refused_on_the_autograd_path_too():
+    with pytest.raises(TypeError, match="topk: begin is a list"):
+        attnkit.topk(torch.ones(2, 4, requires_grad=True), 1, begin=[0, 1])
+
+
+def test_torch_outputs_with_the_negative_bit_are_refused_and_untouched():
+    out_v = torch.zeros(1, 1)
+    out_i = torch.full((1, 1), -5, dtype=torch.int64)
+    with pytest.raises(ValueError, match="topk: out_values is a torch view with its negative"):
+        attnkit.topk(torch.tensor([[1.0, 2.0]]), 1, out_values=torch._neg_view(out_v),
+                     out_indices=out_i)
+    assert out_v.item() == 0.0 and out_i.item() == -5

@@ -312,3 +312,33 @@ def test_caller_buffers_refused_when_autograd_would_need_them():
         attnkit.topk(x, 5, out_indices=out_i)  # nothing to record: allowed
     values, indices = attnkit.topk(x, 5, out_indices=out_i, return_values=False)
     assert values is None and indices.data_ptr() == out_i.data_ptr()
+
+
+# Views whose sign or conjugation is a bit on the tensor, not in memory, are read resolved.
+def test_negative_and_conjugate_views_are_read_resolved():
+    x = torch._neg_view(torch.tensor([[1.0, 5.0, 3.0, -2.0]]))
+    values, indices = attnkit.topk(x, 2, sorted="value")
+    expected = torch.topk(x.resolve_neg(), 2)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+    y = torch.tensor([[1 + 5j, 2 + 3j, 4 - 1j]]).conj().imag  # [[-5, -3, 1]], negative bit
+    assert y.is_neg()
+    values, indices = attnkit.topk(y, 1)
+    assert values.tolist() == [[1.0]] and indices.tolist() == [[2]]
+
+
+def test_autograd_with_empty_rows_gives_an_empty_gradient():
+    x = torch.zeros(2, 0, requires_grad=True)
+    values, _ = attnkit.topk(x, 3)
+    values.sum().backward()
+    assert x.grad.shape == (2, 0)
+
+
+def test_autograd_undoes_a_wrapped_int32_index_offset():
+    # With check=False an int32 offset that overflows wraps the indices; the gradient must
+    # still reach the selected columns (4 and 3 at columns 1 and 2).
+    x = torch.tensor([[1.0, 4.0, 3.0, 2.0]], requires_grad=True)
+    off = torch.tensor([2**31 - 2], dtype=torch.int32)
+    values, indices = attnkit.topk(x, 2, index_offset=off, indices_dtype=torch.int32, check=False)
+    assert indices.tolist() == [[2**31 - 1, -2**31]]
+    values.sum().backward()
+    assert x.grad.tolist() == [[0.0, 1.0, 1.0, 0.0]]
