@@ -74,18 +74,15 @@ DType dtype_from_nb(nb::dlpack::dtype d) {
 /// Any DLPack producer (CuPy, JAX, ...) or buffer-protocol object, through nanobind.
 /// The DLPack tensors a call imported: each holds its producer's buffer (a capsule may own the
 /// only reference to it), so they live until the call has returned. Destroyed with the GIL held.
-using Imports = std::vector<nb::ndarray<>>;
+struct Imports {
+  std::vector<nb::ndarray<nb::ro>> inputs;
+  std::vector<nb::ndarray<>> outputs;
+};
 
-TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports) {
-  nb::ndarray<> a;
-  if (!nb::try_cast(obj, a)) {
-    throw nb::type_error((std::string(name) + " is a " +
-                          nb::cast<std::string>(nb::str(obj.type())) +
-                          "; expected an array or tensor supporting DLPack")
-                             .c_str());
-  }
+template <class Array>
+TensorView view_of(const Array& a, const char* name) {
   TensorView v;
-  v.data = a.data();
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
   v.dtype = dtype_from_nb(a.dtype());
   if (a.device_type() == nb::device::cuda::value) {
     v.device = {attnkit::DeviceType::kCUDA, a.device_id()};
@@ -102,18 +99,48 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports) 
     v.shape[d] = static_cast<std::int64_t>(a.shape(static_cast<std::size_t>(d)));
     v.strides[d] = a.stride(static_cast<std::size_t>(d));
   }
-  imports.push_back(std::move(a));
   return v;
 }
 
-TensorView to_view(nb::handle obj, const char* name, Imports& imports) {
-  if (nb::isinstance<nb::tuple>(obj)) return view_from_tuple(nb::borrow<nb::tuple>(obj));
-  return view_from_dlpack(obj, name, imports);
+/// A DLPack producer's tensor: read-only ones are taken as inputs (JAX exports its arrays so)
+/// and refused by name as outputs (`writable`).
+TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, bool writable) {
+  auto not_dlpack = [&] {
+    return nb::type_error((std::string(name) + " is a " +
+                           nb::cast<std::string>(nb::str(obj.type())) +
+                           "; expected an array or tensor supporting DLPack")
+                              .c_str());
+  };
+  if (writable) {
+    nb::ndarray<> a;
+    if (!nb::try_cast(obj, a)) {
+      nb::ndarray<nb::ro> r;
+      if (nb::try_cast(obj, r)) {
+        throw attnkit::Error(attnkit::ErrorCode::kValue,
+                             std::string(name) + " is read-only; outputs must be writable");
+      }
+      throw not_dlpack();
+    }
+    const TensorView v = view_of(a, name);
+    imports.outputs.push_back(std::move(a));
+    return v;
+  }
+  nb::ndarray<nb::ro> a;
+  if (!nb::try_cast(obj, a)) throw not_dlpack();
+  const TensorView v = view_of(a, name);
+  imports.inputs.push_back(std::move(a));
+  return v;
 }
 
-std::optional<TensorView> to_optional_view(nb::handle obj, const char* name, Imports& imports) {
+TensorView to_view(nb::handle obj, const char* name, Imports& imports, bool writable = false) {
+  if (nb::isinstance<nb::tuple>(obj)) return view_from_tuple(nb::borrow<nb::tuple>(obj));
+  return view_from_dlpack(obj, name, imports, writable);
+}
+
+std::optional<TensorView> to_optional_view(nb::handle obj, const char* name, Imports& imports,
+                                           bool writable = false) {
   if (obj.is_none()) return std::nullopt;
-  return to_view(obj, name, imports);
+  return to_view(obj, name, imports, writable);
 }
 
 cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
@@ -127,8 +154,8 @@ attnkit::TopkTensors topk_tensors(nb::handle x, nb::handle out_indices, nb::hand
                                   Imports& imports) {
   attnkit::TopkTensors t;
   t.x = to_view(x, "x", imports);
-  t.out_indices = to_view(out_indices, "out_indices", imports);
-  t.out_values = to_optional_view(out_values, "out_values", imports);
+  t.out_indices = to_view(out_indices, "out_indices", imports, true);
+  t.out_values = to_optional_view(out_values, "out_values", imports, true);
   t.begin = to_optional_view(begin, "begin", imports);
   t.end = to_optional_view(end, "end", imports);
   t.index_offset = to_optional_view(index_offset, "index_offset", imports);
@@ -178,7 +205,8 @@ NB_MODULE(_ext, m) {
             topk_tensors(x, out_indices, out_values, begin, end, index_offset, imports);
         const attnkit::TopkOptions o =
             topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend);
-        const std::optional<TensorView> ws = to_optional_view(workspace, "workspace", imports);
+        const std::optional<TensorView> ws =
+            to_optional_view(workspace, "workspace", imports, true);
         nb::gil_scoped_release release;
         if (ws) {
           std::size_t bytes = static_cast<std::size_t>(ws->numel());
@@ -221,8 +249,8 @@ NB_MODULE(_ext, m) {
          const std::string& method, bool sort_values) {
         Imports imports;
         const TensorView xv = to_view(x, "x", imports);
-        const TensorView iv = to_view(out_indices, "out_indices", imports);
-        const TensorView vv = to_view(out_values, "out_values", imports);
+        const TensorView iv = to_view(out_indices, "out_indices", imports, true);
+        const TensorView vv = to_view(out_values, "out_values", imports, true);
         nb::gil_scoped_release release;
         attnkit::tools::baseline_topk(xv, iv, vv, k, attnkit::tools::parse_baseline(method),
                                       sort_values);

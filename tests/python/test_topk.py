@@ -542,3 +542,22 @@ def test_dlpack_producer_with_only_the_protocol():
     x = np.array([[1.0, 5.0, 3.0, -2.0]], np.float32)
     values, indices = attnkit.topk(_BareProducer(x), 2)
     assert indices.tolist() == [[1, 2]] and values.tolist() == [[5.0, 3.0]]
+
+
+class _ReadOnlyProducer(_CopyingProducer):
+    """A DLPack producer of a read-only array with shape and dtype (as JAX exports its arrays)."""
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+
+def test_read_only_dlpack_inputs_are_read_and_outputs_refused():
+    x = np.array([[1.0, 5.0, 3.0, -2.0]], np.float32)
+    x.flags.writeable = False
+    values, indices = attnkit.topk(_ReadOnlyProducer(x), 2)
+    assert indices.tolist() == [[1, 2]] and values.tolist() == [[5.0, 3.0]]
+    out = np.full((1, 2), -7, np.int64)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out_indices is read-only"):
+        attnkit.topk(np.array([[1.0, 2.0, 3.0]], np.float32), 2, out_indices=_ReadOnlyProducer(out))
+    assert out.tolist() == [[-7, -7]]
