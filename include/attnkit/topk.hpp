@@ -135,6 +135,11 @@ struct TopkTensors {
   TensorView out_indices;                    ///< [out] [B, k] int32/int64
 };
 
+/// Validates x, k, the options, begin, end and index_offset as `topk` does, ignoring the
+/// outputs: lets a caller that allocates the [B, k] outputs report bad input before it does.
+/// \throws Error as listed in the file comment.
+void topk_check_inputs(const TopkTensors& tensors, const TopkOptions& options);
+
 /// Validates the call (all rules above except the per-row values) and returns the bytes of
 /// device workspace it needs; 0 on the CPU.
 /// \throws Error as listed in the file comment.

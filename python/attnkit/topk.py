@@ -28,6 +28,8 @@ _CHECKS = {None: 0, True: 1, False: 2}
 
 
 _MAX_EXTENT = 2**31 - 1
+# Outputs of at least this many elements are allocated only after the inputs are checked.
+_CHECK_BEFORE_ALLOCATING = 1 << 20
 
 
 def _integer(name: str, value: Any) -> int:
@@ -233,6 +235,15 @@ def topk(
     x_ok = len(shape) in (1, 2) and _x_dtype_ok(x)
     columns = k if x_ok and 0 <= k <= _MAX_EXTENT else 0
     out_shape = (*shape[:-1], columns) if len(shape) >= 1 else (columns,)
+    x_view = _arrays.raw_view(x, "x")
+    inputs = tuple(None if a is None else _arrays.raw_view(a, name)
+                   for a, name in ((begin, "begin"), (end, "end"), (index_offset, "index_offset")))
+    options = (k, bool(largest), order, nan_code, ties_code, index_fill,
+               None if value_fill is None else _real("value_fill", value_fill), check_code,
+               backend_code)
+    allocating = out_indices is None or (out_values is None and return_values)
+    if allocating and int(np.prod(out_shape, dtype=np.int64)) >= _CHECK_BEFORE_ALLOCATING:
+        _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
     if out_indices is None:
         out_indices = _arrays.empty(x, out_shape, index_name)
         made_indices = True
@@ -245,14 +256,11 @@ def topk(
         made_values = False
 
     args = (
-        _arrays.raw_view(x, "x"),
+        x_view,
         _arrays.raw_view(out_indices, "out_indices", writable=True),
         None if out_values is None else _arrays.raw_view(out_values, "out_values", writable=True),
-        None if begin is None else _arrays.raw_view(begin, "begin"),
-        None if end is None else _arrays.raw_view(end, "end"),
-        None if index_offset is None else _arrays.raw_view(index_offset, "index_offset"),
-        k, bool(largest), order, nan_code, ties_code, index_fill,
-        None if value_fill is None else _real("value_fill", value_fill), check_code, backend_code,
+        *inputs,
+        *options,
     )
     workspace = scratch = None
     if _arrays.is_torch(x) and x.device.type == "cuda":

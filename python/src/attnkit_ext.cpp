@@ -237,6 +237,25 @@ NB_MODULE(_ext, m) {
       nb::arg("k"), nb::arg("largest"), nb::arg("sorted"), nb::arg("nan"), nb::arg("ties"),
       nb::arg("index_fill"), nb::arg("value_fill").none(), nb::arg("check"), nb::arg("backend"));
 
+  m.def(
+      "topk_check_inputs",
+      [](nb::handle x, nb::handle begin, nb::handle end, nb::handle index_offset, std::int64_t k,
+         bool largest, int sorted, int nan, int ties, std::int64_t index_fill,
+         std::optional<double> value_fill, int check, int backend) {
+        Imports imports;
+        attnkit::TopkTensors t;
+        t.x = to_view(x, "x", imports);
+        t.begin = to_optional_view(begin, "begin", imports);
+        t.end = to_optional_view(end, "end", imports);
+        t.index_offset = to_optional_view(index_offset, "index_offset", imports);
+        attnkit::topk_check_inputs(
+            t, topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend));
+      },
+      nb::arg("x"), nb::arg("begin").none(), nb::arg("end").none(),
+      nb::arg("index_offset").none(), nb::arg("k"), nb::arg("largest"), nb::arg("sorted"),
+      nb::arg("nan"), nb::arg("ties"), nb::arg("index_fill"), nb::arg("value_fill").none(),
+      nb::arg("check"), nb::arg("backend"));
+
   m.def("num_threads", &attnkit::num_threads);
   m.def("set_num_threads", &attnkit::set_num_threads, nb::arg("n"));
   m.def("build_info", &attnkit::build_info);

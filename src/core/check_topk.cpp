@@ -72,7 +72,7 @@ void check_enum(const char* name, E value, E last) {
 
 }  // namespace
 
-TopkProblem check_topk(const TopkTensors& t, const TopkOptions& o) {
+TopkProblem check_topk_inputs(const TopkTensors& t, const TopkOptions& o) {
   TopkProblem p;
 
   // Check x.
@@ -132,6 +132,12 @@ TopkProblem check_topk(const TopkTensors& t, const TopkOptions& o) {
   p.begin = check_row_vector("begin", t.begin, p.batch, x.device);
   p.end = check_row_vector("end", t.end, p.batch, x.device);
   p.index_offset = check_row_vector("index_offset", t.index_offset, p.batch, x.device);
+  return p;
+}
+
+TopkProblem check_topk(const TopkTensors& t, const TopkOptions& o) {
+  TopkProblem p = check_topk_inputs(t, o);
+  const TensorView& x = t.x;
 
   // Check out_indices.
   check_output("out_indices", t.out_indices, x, p.batch, o.k);

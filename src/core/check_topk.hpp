@@ -7,6 +7,11 @@
 
 namespace attnkit::detail {
 
+/// Checks the rules on x, k, the options, begin, end and index_offset (every rule that needs
+/// neither the outputs nor per-row data) and returns the problem without its outputs.
+/// \throws Error naming the argument, the value seen and the rule.
+TopkProblem check_topk_inputs(const TopkTensors& tensors, const TopkOptions& options);
+
 /// Checks every rule that needs no per-row data and returns the flattened problem.
 /// \throws Error naming the argument, the value seen and the rule.
 TopkProblem check_topk(const TopkTensors& tensors, const TopkOptions& options);

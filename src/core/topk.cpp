@@ -83,6 +83,10 @@ void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cud
 
 }  // namespace
 
+void topk_check_inputs(const TopkTensors& tensors, const TopkOptions& options) {
+  (void)detail::check_topk_inputs(tensors, options);
+}
+
 std::size_t topk_workspace_size(const TopkTensors& tensors, const TopkOptions& options) {
   return required_workspace(detail::check_topk(tensors, options));
 }

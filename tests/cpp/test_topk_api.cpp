@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "attnkit/attnkit.hpp"
@@ -45,4 +46,26 @@ TEST(TopkApi, TwoPhaseWorkspaceQueryWritesNothing) {
   EXPECT_EQ(bytes, 0u);  // the CPU backend needs no workspace
   EXPECT_EQ(indices, (std::vector<std::int32_t>{-7, -7}));
   EXPECT_EQ(attnkit::topk_workspace_size(t, options), 0u);
+}
+
+// Inputs are checked without outputs, so that a caller allocates [B, k] only for a valid call.
+TEST(TopkApi, InputsCheckedBeforeOutputsExist) {
+  std::vector<float> x(3 * 10, 0.0f);
+  std::vector<std::int64_t> begin(2, 0);
+  attnkit::TopkTensors t;  // no outputs
+  t.x = attnkit::TensorView::make(x.data(), attnkit::DType::kFloat32, {}, {3, 10});
+  attnkit::TopkOptions options;
+  options.k = std::int64_t{1} << 30;
+  EXPECT_NO_THROW(attnkit::topk_check_inputs(t, options));
+  t.begin = attnkit::TensorView::make(begin.data(), attnkit::DType::kInt64, {}, {2});
+  try {
+    attnkit::topk_check_inputs(t, options);
+    FAIL() << "a begin of 2 rows for 3 rows of x passed";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kShape);
+    EXPECT_NE(std::string(e.what()).find("begin"), std::string::npos) << e.what();
+  }
+  options.k = -1;
+  t.begin.reset();
+  EXPECT_THROW(attnkit::topk_check_inputs(t, options), attnkit::Error);
 }

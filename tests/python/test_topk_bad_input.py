@@ -385,3 +385,11 @@ def test_torch_outputs_with_the_negative_bit_are_refused_and_untouched():
         attnkit.topk(torch.tensor([[1.0, 2.0]]), 1, out_values=torch._neg_view(out_v),
                      out_indices=out_i)
     assert out_v.item() == 0.0 and out_i.item() == -5
+
+
+# Large outputs are allocated only after the inputs pass: a bad begin is named, not a MemoryError.
+@pytest.mark.parametrize("arg", ["begin", "end", "index_offset"])
+def test_bad_row_vector_is_named_before_large_outputs_are_allocated(arg):
+    x = np.zeros((3, 10), np.float32)
+    with pytest.raises(ValueError, match=f"{arg}"):
+        attnkit.topk(x, 2**30, **{arg: np.zeros(2, np.int64)})
