@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 from typing import Any, NamedTuple, Optional, Union
@@ -50,14 +51,6 @@ def _real(name: str, value: Any) -> float:
     except OverflowError:
         shown = repr(value) if len(repr(value)) <= 32 else repr(value)[:29] + "..."
         raise ValueError(f"topk: {name} = {shown} is outside the float64 range") from None
-
-
-def _x_dtype_ok(x: Any) -> bool:
-    """Whether x's dtype is one topk takes (the C++ check names it otherwise)."""
-    try:
-        return _arrays.dtype_name(x.dtype) in ("float32", "bfloat16", "float16")
-    except (AttributeError, TypeError):
-        return False
 
 
 def _choice(name: str, value: Any, table: dict) -> int:
@@ -230,10 +223,9 @@ def topk(
     # shape or dtype to read: both are read through arrays made for the call (held until it ends).
     x, begin, end, index_offset = (_arrays.resolved(a) for a in (x, begin, end, index_offset))
     shape = tuple(getattr(x, "shape", ()))
-    # Outside [0, 2^31 - 1], k allocates empty outputs, and so does an x of a rank or dtype
-    # that topk refuses, so that the C++ check reports it by name before any large allocation.
-    x_ok = len(shape) in (1, 2) and _x_dtype_ok(x)
-    columns = k if x_ok and 0 <= k <= _MAX_EXTENT else 0
+    # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
+    # name before any large allocation.
+    columns = k if 0 <= k <= _MAX_EXTENT else 0
     out_shape = (*shape[:-1], columns) if len(shape) >= 1 else (columns,)
     x_view = _arrays.raw_view(x, "x")
     inputs = tuple(None if a is None else _arrays.raw_view(a, name)
@@ -242,7 +234,7 @@ def topk(
                None if value_fill is None else _real("value_fill", value_fill), check_code,
                backend_code)
     allocating = out_indices is None or (out_values is None and return_values)
-    if allocating and int(np.prod(out_shape, dtype=np.int64)) >= _CHECK_BEFORE_ALLOCATING:
+    if allocating and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
         _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
     if out_indices is None:
         out_indices = _arrays.empty(x, out_shape, index_name)

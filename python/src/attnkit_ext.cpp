@@ -71,7 +71,6 @@ DType dtype_from_nb(nb::dlpack::dtype d) {
                            std::to_string(d.bits) + ") has no attnkit dtype");
 }
 
-/// Any DLPack producer (CuPy, JAX, ...) or buffer-protocol object, through nanobind.
 /// The DLPack tensors a call imported: each holds its producer's buffer (a capsule may own the
 /// only reference to it), so they live until the call has returned. Destroyed with the GIL held.
 struct Imports {
@@ -102,8 +101,8 @@ TensorView view_of(const Array& a, const char* name) {
   return v;
 }
 
-/// A DLPack producer's tensor: read-only ones are taken as inputs (JAX exports its arrays so)
-/// and refused by name as outputs (`writable`).
+/// Any DLPack producer's tensor (CuPy, JAX, ...), through nanobind: read-only ones are taken as
+/// inputs (JAX exports its arrays so) and refused by name as outputs (`writable`).
 TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, bool writable) {
   auto not_dlpack = [&] {
     return nb::type_error((std::string(name) + " is a " +
@@ -149,16 +148,23 @@ cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>
 // topk
 // ---------------------------------------------------------------------------------------------
 
-attnkit::TopkTensors topk_tensors(nb::handle x, nb::handle out_indices, nb::handle out_values,
-                                  nb::handle begin, nb::handle end, nb::handle index_offset,
-                                  Imports& imports) {
+/// The tensors of a call without its outputs (topk_check_inputs takes these alone).
+attnkit::TopkTensors topk_inputs(nb::handle x, nb::handle begin, nb::handle end,
+                                 nb::handle index_offset, Imports& imports) {
   attnkit::TopkTensors t;
   t.x = to_view(x, "x", imports);
-  t.out_indices = to_view(out_indices, "out_indices", imports, true);
-  t.out_values = to_optional_view(out_values, "out_values", imports, true);
   t.begin = to_optional_view(begin, "begin", imports);
   t.end = to_optional_view(end, "end", imports);
   t.index_offset = to_optional_view(index_offset, "index_offset", imports);
+  return t;
+}
+
+attnkit::TopkTensors topk_tensors(nb::handle x, nb::handle out_indices, nb::handle out_values,
+                                  nb::handle begin, nb::handle end, nb::handle index_offset,
+                                  Imports& imports) {
+  attnkit::TopkTensors t = topk_inputs(x, begin, end, index_offset, imports);
+  t.out_indices = to_view(out_indices, "out_indices", imports, true);
+  t.out_values = to_optional_view(out_values, "out_values", imports, true);
   return t;
 }
 
@@ -243,13 +249,9 @@ NB_MODULE(_ext, m) {
          bool largest, int sorted, int nan, int ties, std::int64_t index_fill,
          std::optional<double> value_fill, int check, int backend) {
         Imports imports;
-        attnkit::TopkTensors t;
-        t.x = to_view(x, "x", imports);
-        t.begin = to_optional_view(begin, "begin", imports);
-        t.end = to_optional_view(end, "end", imports);
-        t.index_offset = to_optional_view(index_offset, "index_offset", imports);
         attnkit::topk_check_inputs(
-            t, topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend));
+            topk_inputs(x, begin, end, index_offset, imports),
+            topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend));
       },
       nb::arg("x"), nb::arg("begin").none(), nb::arg("end").none(),
       nb::arg("index_offset").none(), nb::arg("k"), nb::arg("largest"), nb::arg("sorted"),
