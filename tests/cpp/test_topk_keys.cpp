@@ -3,13 +3,16 @@
 // 16-bit types, must equal score_of on each half for every bit pattern; score_of must order
 // numbers as the floats they encode (-0.0 tying +0.0, NaN above +inf, all NaNs tied);
 // bits_of_score must invert score_of wherever one bit pattern owns the score; and the prefilter
-// bound must let through, with an ordered float comparison, every number that beats a threshold.
+// bound must let through, with an ordered float comparison, every number that beats a threshold,
+// and the exact bound exactly those numbers.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
+#include "common/float_bits.hpp"
 #include "common/topk_keys.hpp"
 
 namespace {
@@ -20,6 +23,7 @@ using attnkit::detail::Float16Traits;
 using attnkit::detail::Float32Traits;
 using attnkit::detail::make_score_params;
 using attnkit::detail::prefilter_bound_bits;
+using attnkit::detail::prefilter_exact_bound_bits;
 using attnkit::detail::score_of;
 using attnkit::detail::score_pair_of;
 using attnkit::detail::ScoreParams;
@@ -135,6 +139,94 @@ TEST(TopkKeys, Bf16PrefilterBoundPassesEveryBetterNumber) {
         ASSERT_TRUE(largest ? v >= bound : v <= bound)
             << std::hex << "threshold=0x" << t << " x=0x" << x << " largest=" << largest;
       }
+    }
+  }
+}
+
+/// One threshold against every pattern in `xs`: where prefilter_exact_bound_bits gives a bound,
+/// the ordered float comparison with it must equal "score beats the threshold" on every number,
+/// and it must give one for every threshold below the best number's score.
+template <class Traits, class ToFloat, class Patterns>
+void expect_exact_bound(std::uint32_t t, ScoreParams sp, ToFloat to_float, const Patterns& xs,
+                        std::uint32_t best_number_score) {
+  const bool largest = sp.flip == 0;
+  std::uint32_t bits = 0xDEADu;
+  const bool exact = prefilter_exact_bound_bits<Traits>(t, sp, bits);
+  ASSERT_EQ(exact, t < best_number_score) << std::hex << "threshold=0x" << t << " largest=" << largest;
+  if (!exact) {
+    ASSERT_EQ(bits, 0xDEADu) << "bound written without an exact bound";
+    return;
+  }
+  const float bound = to_float(bits);
+  ASSERT_FALSE(std::isnan(bound)) << std::hex << "threshold=0x" << t;
+  for (std::uint32_t x : xs) {
+    const float v = to_float(x);
+    if (std::isnan(v)) continue;
+    ASSERT_EQ(largest ? v >= bound : v <= bound, score_of<Traits>(x, sp) > t)
+        << std::hex << "threshold=0x" << t << " x=0x" << x << " bound=0x" << bits
+        << " largest=" << largest;
+  }
+}
+
+/// Every 16-bit threshold, both formats and directions, against every 61st pattern and the
+/// patterns whose scores neighbour the threshold (where "beats" changes, both zeros included).
+template <class Traits, class ToFloat>
+void expect_exact_bounds_16(bool largest, ToFloat to_float, std::uint32_t best_pattern) {
+  const ScoreParams sp = make_score_params<Traits>(largest, false);
+  const std::uint32_t best = score_of<Traits>(best_pattern, sp);
+  std::vector<std::uint32_t> xs;
+  for (std::uint32_t x = 0; x <= 0xFFFFu; x += 61) xs.push_back(x);
+  const std::size_t spread = xs.size();
+  for (std::uint32_t t = 0; t <= 0xFFFFu; ++t) {
+    xs.resize(spread);
+    for (std::uint32_t d = 0; d < 4; ++d) {
+      bool unique = false;
+      const std::uint32_t x = bits_of_score<Traits>((t + d - 1u) & Traits::kMask, sp, unique);
+      xs.push_back(x);
+      xs.push_back(x ^ Traits::kSign);
+    }
+    expect_exact_bound<Traits>(t, sp, to_float, xs, best);
+    if (testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(TopkKeys, ExactBoundDecidesEvery16BitNumber) {
+  const auto bf16 = [](std::uint32_t b) { return attnkit::detail::bf16_bits_to_float(static_cast<std::uint16_t>(b)); };
+  const auto f16 = [](std::uint32_t b) { return attnkit::detail::f16_bits_to_float(static_cast<std::uint16_t>(b)); };
+  for (bool largest : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "largest=" << largest);
+    // The best number: +inf when largest, -inf when smallest.
+    expect_exact_bounds_16<BFloat16Traits>(largest, bf16, largest ? 0x7F80u : 0xFF80u);
+    expect_exact_bounds_16<Float16Traits>(largest, f16, largest ? 0x7C00u : 0xFC00u);
+  }
+}
+
+/// fp32: thresholds and patterns over every exponent and sign with spread mantissas, plus the
+/// neighbours of zero, the denormal edge and the infinities, where consecutive scores change
+/// sign or class.
+TEST(TopkKeys, ExactBoundDecidesFloat32Numbers) {
+  std::vector<std::uint32_t> xs;
+  for (std::uint64_t x = 0; x <= 0xFFFFFFFFu; x += 0x100003u) xs.push_back(static_cast<std::uint32_t>(x));
+  for (std::uint32_t edge : {0x0u, 0x800000u, 0x7F800000u}) {
+    for (std::uint32_t d = 0; d < 3; ++d) {
+      for (std::uint32_t sign : {0x0u, 0x80000000u}) {
+        xs.push_back(sign | (edge + d));
+        if (edge >= d) xs.push_back(sign | (edge - d));
+      }
+    }
+  }
+  const auto f32 = [](std::uint32_t b) { return attnkit::detail::bits_to_float(b); };
+  for (bool largest : {true, false}) {
+    const ScoreParams sp = make_score_params<Float32Traits>(largest, false);
+    const std::uint32_t best = score_of<Float32Traits>(largest ? 0x7F800000u : 0xFF800000u, sp);
+    std::vector<std::uint32_t> thresholds{0u, best - 1u, best, best + 1u, 0xFFFFFFFFu};
+    for (std::uint32_t x : xs) {
+      const std::uint32_t s = score_of<Float32Traits>(x, sp);
+      for (std::uint32_t d : {0u, 1u}) thresholds.push_back(s - d);
+    }
+    for (std::uint32_t t : thresholds) {
+      expect_exact_bound<Float32Traits>(t, sp, f32, xs, best);
+      if (testing::Test::HasFatalFailure()) return;
     }
   }
 }

@@ -263,6 +263,10 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const To
 #pragma unroll
     for (int q = 0; q < kVecs; ++q) {
       std::uint32_t m = pre.vector_may_pass_bits(v[q]) & (valid >> (q * kVec)) & kVecMask;
+      if (pre.exact) {  // the comparison decides (Prefilter): no scores to test
+        marked |= m << (q * kVec);
+        continue;
+      }
       while (m != 0) {
         const int j = __ffs(m) - 1;
         m &= m - 1;

@@ -138,17 +138,24 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
 /// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any
 /// element of a 16-byte vector may score above the threshold (word_may_pass). Input words are
 /// XORed with `sign_flip` (the sign bits for largest=false, else 0) and compared with
-/// `bound`, both replicated per 16-bit lane.
+/// `bound`, both replicated per 16-bit lane. The bound is the exact one of
+/// prefilter_exact_bound_bits wherever it exists, so numbers equal to the threshold's value do
+/// not pass; `exact` says that the comparison is the whole admission test (NaN, which passes
+/// every bound, beats the threshold too), so callers may skip the exact scores.
 template <class Traits>
 struct Prefilter {
   std::uint32_t sign_flip = 0;
   std::uint32_t bound = 0;
+  bool exact = false;
 
   __device__ void set(std::uint32_t threshold, const ScoreParams& sp) {
     const std::uint32_t lanes = Traits::kBits == 32 ? 1u : 0x00010001u;
     sign_flip = sp.flip == 0 ? 0u : Traits::kSign * lanes;
-    bound = ((prefilter_bound_bits<Traits>(threshold, sp) ^ (sp.flip == 0 ? 0u : Traits::kSign)) &
-             Traits::kMask) * lanes;
+    std::uint32_t b;
+    const bool numbers_exact = prefilter_exact_bound_bits<Traits>(threshold, sp, b);
+    if (!numbers_exact) b = prefilter_bound_bits<Traits>(threshold, sp);
+    exact = numbers_exact && sp.nan_score > threshold;
+    bound = ((b ^ (sp.flip == 0 ? 0u : Traits::kSign)) & Traits::kMask) * lanes;
   }
 
   /// Whether some element of a 16-byte vector may beat the threshold.
@@ -519,7 +526,10 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
         // Exact scores only where the prefilter let something through: after the first
         // rounds a thread rarely holds a newcomer.
         std::uint32_t mask[kU] = {};
-        if (any) {
+        if (any && e.pre.exact && !track_nan) {  // the comparison decides: no scores to test
+#pragma unroll
+          for (int u = 0; u < kU; ++u) mask[u] = e.pre.vector_may_pass_bits(cur[u]);
+        } else if (any) {
 #pragma unroll
           for (int u = 0; u < kU; ++u) {
             // Only the elements the prefilter let through; every NaN is among them.
