@@ -52,6 +52,15 @@ __device__ __forceinline__ std::int64_t load_row_value(const void* p, bool is_in
                   : static_cast<const std::int32_t*>(p)[b * stride];
 }
 
+/// The row of CTA `block` when each row takes `per_row` consecutive CTAs: rows in reverse, so
+/// that with causal prefill ends (end[b] rising with b) the longest rows start first and the
+/// short ones fill the last wave instead of a few long ones trailing it (longest first): 2048 x
+/// 65536 bf16 causal rows 2.7-3.8 % faster (run 56), rows of one length within 1 %. The
+/// short-row kernel keeps the forward order, which measured 2-3 % faster on its causal rows.
+__device__ __forceinline__ std::int64_t row_of_block(std::int64_t block, std::int64_t per_row) {
+  return static_cast<std::int64_t>(gridDim.x) / per_row - 1 - block / per_row;
+}
+
 /// Row b's valid range, clamped so that 0 <= lo <= hi <= N whatever begin/end hold: device
 /// values are never trusted (check=True validates them on the host instead).
 __device__ __forceinline__ void row_range(const TopkKernelParams& p, std::int64_t b,
@@ -673,7 +682,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   __shared__ SelectScratch<kThreads> scratch;
   __shared__ std::uint32_t warp_hits[2 * 2 * 32];
 
-  const std::int64_t b = blockIdx.x / p.slices;
+  const std::int64_t b = row_of_block(blockIdx.x, p.slices);
   const std::int64_t s = blockIdx.x % p.slices;
   std::int64_t seg_lo, seg_hi;
   slice_range(p, b, s, seg_lo, seg_hi);
