@@ -124,7 +124,11 @@ __device__ __forceinline__ std::uint32_t vector_element(const uint4& v, int j) {
   if constexpr (kVec == 4) {
     return vector_word(v, j);
   } else {
-    return (vector_word(v, j / 2) >> (16 * (j % 2))) & 0xFFFFu;  // little endian
+    // Element j's two bytes (little endian) from the pair of words holding it, by one byte
+    // permute whose selector follows from j, instead of a chain of selects over four words.
+    const bool high_pair = j >= 4;
+    const std::uint32_t lo = high_pair ? v.z : v.x, hi = high_pair ? v.w : v.y;
+    return __byte_perm(lo, hi, 0x10u + 0x22u * static_cast<std::uint32_t>(j & 3)) & 0xFFFFu;
   }
 }
 
@@ -199,6 +203,7 @@ struct Prefilter {
 template <class Traits, int kThreads>
 struct FilterEngine {
   static constexpr int kWarps = kThreads / kWarpSize;
+  static_assert(kWarps % 4 == 0, "append reads the warps' totals four at a time");
   static constexpr int kMaxWords = 2;  // packed append counts: two 16-bit groups a word
 
   // The lists live in dynamic shared memory: survivor lists 0 and 1 (key [slots], col [slots]
@@ -350,11 +355,17 @@ struct FilterEngine {
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       std::uint32_t before = 0, total = 0;
+      // Broadcast reads of four warps' totals at a time (warp_hits is 16-byte aligned).
+      const uint4* quads = reinterpret_cast<const uint4*>(slot + w * 32);
 #pragma unroll
-      for (int v = 0; v < kWarps; ++v) {
-        const std::uint32_t t = slot[w * 32 + v];  // broadcast reads
-        before += v < warp ? t : 0u;
-        total += t;
+      for (int q = 0; q < kWarps / 4; ++q) {
+        const uint4 t4 = quads[q];
+        const std::uint32_t t[4] = {t4.x, t4.y, t4.z, t4.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          before += 4 * q + i < warp ? t[i] : 0u;
+          total += t[i];
+        }
       }
       const std::uint32_t exclusive = before + inclusive[w] - hits[w];
 #pragma unroll
@@ -680,7 +691,7 @@ __device__ __forceinline__ FilterEngine<Traits, kThreads> make_engine(
 template <class Traits, int kThreads, int kPrefetchVectors, int kMinBlocks, int kU>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const TopkKernelParams p) {
   __shared__ SelectScratch<kThreads> scratch;
-  __shared__ std::uint32_t warp_hits[2 * 2 * 32];
+  __shared__ __align__(16) std::uint32_t warp_hits[2 * 2 * 32];
 
   const std::int64_t b = row_of_block(blockIdx.x, p.slices);
   const std::int64_t s = blockIdx.x % p.slices;
@@ -717,7 +728,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
 template <class Traits, int kThreads>
 __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKernelParams p) {
   __shared__ SelectScratch<kThreads> scratch;
-  __shared__ std::uint32_t warp_hits[2 * 2 * 32];
+  __shared__ __align__(16) std::uint32_t warp_hits[2 * 2 * 32];
 
   __shared__ std::uint32_t row_floor;
   const std::int64_t b = blockIdx.x;
