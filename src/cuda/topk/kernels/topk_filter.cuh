@@ -8,10 +8,12 @@
 //                      threshold, and is streamed again from the bottom in the rare case that
 //                      fewer than k elements reach it. A slice streams its columns in order, a
 //                      round of kU (2 or 4, by policy) coalesced 16-byte vectors per thread at a
-//                      time, kPrefetchVectors vectors ahead. An element is a newcomer if it may
-//                      beat the threshold by one float comparison (prefilter_bound_bits) and
-//                      does by its exact score; newcomers are appended in column order (block
-//                      prefix sums, one barrier per round). When survivors + newcomers reach `limit`, select_into keeps
+//                      time, kPrefetchVectors vectors ahead, rows in reverse (row_of_block). An
+//                      element is a newcomer if it beats the threshold by one float comparison
+//                      against the bound of threshold + 1 (prefilter_exact_bound_bits), which
+//                      decides every number, and, where NaN must be judged, by its exact score;
+//                      newcomers are appended in column order (block prefix sums, one barrier
+//                      per round). When survivors + newcomers reach `limit`, select_into keeps
 //                      the best k in the other survivor list and the threshold rises to the
 //                      k-th key. Single-slice launches write the outputs; multi-slice launches
 //                      write each slice's best k to workspace.
@@ -55,7 +57,7 @@ __device__ __forceinline__ std::int64_t load_row_value(const void* p, bool is_in
 /// The row of CTA `block` when each row takes `per_row` consecutive CTAs: rows in reverse, so
 /// that with causal prefill ends (end[b] rising with b) the longest rows start first and the
 /// short ones fill the last wave instead of a few long ones trailing it (longest first): 2048 x
-/// 65536 bf16 causal rows 2.7-3.8 % faster (run 56), rows of one length within 1 %. The
+/// 65536 bf16 causal rows 2.7-3.8 % faster (run 57), rows of one length within 1 %. The
 /// short-row kernel keeps the forward order, which measured 2-3 % faster on its causal rows.
 __device__ __forceinline__ std::int64_t row_of_block(std::int64_t block, std::int64_t per_row) {
   return static_cast<std::int64_t>(gridDim.x) / per_row - 1 - block / per_row;
