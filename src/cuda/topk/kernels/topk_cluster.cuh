@@ -12,9 +12,10 @@
 //        11-bit-digit histogram; the digit holding the sample's `need`-th best, `need` the
 //        expected count above the k-th plus three standard deviations, gives a floor that
 //        about 1.5-3 k of the row's elements beat.
-//     2. Candidates. A packed prefilter (one comparison per 32-bit word) and an exact score
-//        test on the flagged elements mark the elements scoring above the floor in a
-//        per-thread bit mask. Only they take part from here on.
+//     2. Candidates. A packed prefilter (one comparison per 32-bit word against the bound of
+//        floor + 1, exact for every number) marks the elements scoring above the floor in a
+//        per-thread bit mask, with an exact score test of the flagged elements only where NaN
+//        must be judged. Only they take part from here on.
 //     3. Select. Radix passes over the candidates' scores relative to the floor, bins narrow
 //        near it, where the k-th best usually is: one pass for 16-bit types, up to three for
 //        fp32, fewer when the pivot's bin is kept whole. If fewer than k candidates beat the
