@@ -142,21 +142,22 @@ ATTNKIT_HD std::uint32_t prefilter_bound_bits(std::uint32_t threshold, ScorePara
   return bits_of_score<Traits>(threshold, p, unique);
 }
 
-/// A bound B that decides every number exactly: for every non-NaN x,
-///   !(x < B) when largest, !(x > B) when smallest   <=>   score(x) > threshold.
-/// B is the bound of threshold + 1: scores of consecutive numbers are consecutive integers and
-/// equal floats (-0.0, +0.0) share one, so "score >= threshold + 1" is one float comparison.
-/// Returns false, leaving `bound` alone, when threshold + 1 lies above the best number's score
-/// (threshold is +inf's score, or -inf's when smallest), where no number beats it and no bound
-/// of a number says so. A NaN passes either bound (unordered comparisons); the test is exact
-/// for NaN as well only when NaN beats the threshold (p.nan_score > threshold).
+/// The tightest prefilter bound of a threshold, the one the filters use. Where it exists it is
+/// the bound of threshold + 1, which decides every number exactly: for every non-NaN x,
+///   !(x < B) when largest, !(x > B) when smallest   <=>   score(x) > threshold,
+/// since scores of consecutive numbers are consecutive integers and equal floats (-0.0, +0.0)
+/// share one, so "score >= threshold + 1" is one float comparison; `numbers_exact` is then
+/// true. When threshold + 1 lies above the best number's score (threshold is +inf's score, or
+/// -inf's when smallest) no number beats the threshold and no bound of a number says so: the
+/// result is prefilter_bound_bits(threshold), which also lets the threshold's ties through, and
+/// `numbers_exact` is false. A NaN passes either bound (unordered comparisons); the test is
+/// exact for NaN as well only when NaN beats the threshold (p.nan_score > threshold).
 template <class Traits>
-ATTNKIT_HD bool prefilter_exact_bound_bits(std::uint32_t threshold, ScoreParams p,
-                                           std::uint32_t& bound) {
+ATTNKIT_HD std::uint32_t prefilter_tight_bound_bits(std::uint32_t threshold, ScoreParams p,
+                                                    bool& numbers_exact) {
   const std::uint32_t best_asc = p.flip == 0 ? Traits::kSign + Traits::kInf : Traits::kSign - Traits::kInf;
-  if (threshold >= (best_asc ^ p.flip)) return false;
-  bound = prefilter_bound_bits<Traits>(threshold + 1u, p);
-  return true;
+  numbers_exact = threshold < (best_asc ^ p.flip);
+  return prefilter_bound_bits<Traits>(numbers_exact ? threshold + 1u : threshold, p);
 }
 
 }  // namespace attnkit::detail

@@ -88,18 +88,15 @@ struct FilterResult {
   std::size_t appended;   // candidates written
 };
 
-/// The float bound of the prefilter: score(v) > threshold implies v >= bound (largest) or
-/// v <= bound (smallest), or v is a NaN. Comparing floats costs fewer vector instructions than
-/// computing scores, so blocks are tested with it first. The bound of threshold + 1
-/// (prefilter_exact_bound_bits) passes exactly the numbers that beat the threshold, so values
-/// tied with it are not marked; prefilter_bound_bits where that bound does not exist.
+/// The float bound of the prefilter (prefilter_tight_bound_bits): score(v) > threshold implies
+/// v >= bound (largest) or v <= bound (smallest), or v is a NaN, and for numbers the converse
+/// holds too wherever the bound of threshold + 1 exists, so values tied with the threshold are
+/// not marked. Comparing floats costs fewer vector instructions than computing scores, so
+/// blocks are tested with it first.
 template <class Traits>
 float prefilter_bound(std::uint32_t threshold, ScoreParams sp) {
-  std::uint32_t bits;
-  if (!prefilter_exact_bound_bits<Traits>(threshold, sp, bits)) {
-    bits = prefilter_bound_bits<Traits>(threshold, sp);
-  }
-  return to_float<Traits>(bits);
+  bool numbers_exact;
+  return to_float<Traits>(prefilter_tight_bound_bits<Traits>(threshold, sp, numbers_exact));
 }
 
 /// Whether element j of a block may beat the threshold: a superset test (prefilter_bound).

@@ -23,7 +23,7 @@ using attnkit::detail::Float16Traits;
 using attnkit::detail::Float32Traits;
 using attnkit::detail::make_score_params;
 using attnkit::detail::prefilter_bound_bits;
-using attnkit::detail::prefilter_exact_bound_bits;
+using attnkit::detail::prefilter_tight_bound_bits;
 using attnkit::detail::score_of;
 using attnkit::detail::score_pair_of;
 using attnkit::detail::ScoreParams;
@@ -143,18 +143,19 @@ TEST(TopkKeys, Bf16PrefilterBoundPassesEveryBetterNumber) {
   }
 }
 
-/// One threshold against every pattern in `xs`: where prefilter_exact_bound_bits gives a bound,
-/// the ordered float comparison with it must equal "score beats the threshold" on every number,
-/// and it must give one for every threshold below the best number's score.
+/// One threshold against every pattern in `xs`: prefilter_tight_bound_bits must say its bound
+/// is exact for every threshold below the best number's score, and then the ordered float
+/// comparison with it must equal "score beats the threshold" on every number; above, it must
+/// fall back to prefilter_bound_bits.
 template <class Traits, class ToFloat, class Patterns>
 void expect_exact_bound(std::uint32_t t, ScoreParams sp, ToFloat to_float, const Patterns& xs,
                         std::uint32_t best_number_score) {
   const bool largest = sp.flip == 0;
-  std::uint32_t bits = 0xDEADu;
-  const bool exact = prefilter_exact_bound_bits<Traits>(t, sp, bits);
+  bool exact = false;
+  const std::uint32_t bits = prefilter_tight_bound_bits<Traits>(t, sp, exact);
   ASSERT_EQ(exact, t < best_number_score) << std::hex << "threshold=0x" << t << " largest=" << largest;
   if (!exact) {
-    ASSERT_EQ(bits, 0xDEADu) << "bound written without an exact bound";
+    ASSERT_EQ(bits, prefilter_bound_bits<Traits>(t, sp)) << std::hex << "threshold=0x" << t;
     return;
   }
   const float bound = to_float(bits);

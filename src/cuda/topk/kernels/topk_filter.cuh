@@ -10,7 +10,7 @@
 //                      round of kU (2 or 4, by policy) coalesced 16-byte vectors per thread at a
 //                      time, kPrefetchVectors vectors ahead, rows in reverse (row_of_block). An
 //                      element is a newcomer if it beats the threshold by one float comparison
-//                      against the bound of threshold + 1 (prefilter_exact_bound_bits), which
+//                      against the bound of threshold + 1 (prefilter_tight_bound_bits), which
 //                      decides every number, and, where NaN must be judged, by its exact score;
 //                      newcomers are appended in column order (block prefix sums, one barrier
 //                      per round). When survivors + newcomers reach `limit`, select_into keeps
@@ -153,8 +153,8 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
 /// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any
 /// element of a 16-byte vector may score above the threshold (word_may_pass). Input words are
 /// XORed with `sign_flip` (the sign bits for largest=false, else 0) and compared with
-/// `bound`, both replicated per 16-bit lane. The bound is the exact one of
-/// prefilter_exact_bound_bits wherever it exists, so numbers equal to the threshold's value do
+/// `bound`, both replicated per 16-bit lane. The bound is prefilter_tight_bound_bits', exact
+/// for numbers wherever it exists, so numbers equal to the threshold's value do
 /// not pass; `exact` says that the comparison is the whole admission test (NaN, which passes
 /// every bound, beats the threshold too), so callers may skip the exact scores.
 template <class Traits>
@@ -166,9 +166,8 @@ struct Prefilter {
   __device__ void set(std::uint32_t threshold, const ScoreParams& sp) {
     const std::uint32_t lanes = Traits::kBits == 32 ? 1u : 0x00010001u;
     sign_flip = sp.flip == 0 ? 0u : Traits::kSign * lanes;
-    std::uint32_t b;
-    const bool numbers_exact = prefilter_exact_bound_bits<Traits>(threshold, sp, b);
-    if (!numbers_exact) b = prefilter_bound_bits<Traits>(threshold, sp);
+    bool numbers_exact;
+    const std::uint32_t b = prefilter_tight_bound_bits<Traits>(threshold, sp, numbers_exact);
     exact = numbers_exact && sp.nan_score > threshold;
     bound = ((b ^ (sp.flip == 0 ? 0u : Traits::kSign)) & Traits::kMask) * lanes;
   }
