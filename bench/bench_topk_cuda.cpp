@@ -3,7 +3,8 @@
 // and for profilers (ncu/nsys see only the top-k kernels and an L2-flushing memset).
 //
 // Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [CASE ...]
-//   CASE = dtype:B:N:k[:causal]   dtype in {bf16, f16, f32}; causal makes end[b] rise to N
+//   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
+//          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
 // Method: one call captured in a CUDA graph, replayed R times, each replay timed with events
 // after a 256 MiB memset that flushes L2; the median is printed with the effective bandwidth
@@ -34,6 +35,7 @@ struct Case {
   attnkit::DType dtype;
   std::int64_t batch, n, k;
   bool causal;
+  bool with_end;  // pass `end` (causal implies it)
 };
 
 bool parse_case(const std::string& s, Case& c) {
@@ -49,6 +51,8 @@ bool parse_case(const std::string& s, Case& c) {
   else return false;
   c.batch = b, c.n = n, c.k = k;
   c.causal = got == 5 && std::string(tail) == "causal";
+  c.with_end = c.causal || (got == 5 && std::string(tail) == "end");
+  if (got == 5 && !c.with_end) return false;
   return b > 0 && n > 0 && k >= 0;
 }
 
@@ -58,12 +62,12 @@ std::vector<Case> default_cases() {
   for (std::int64_t k : {512, 2048}) {
     for (auto [b, n] : {std::pair<std::int64_t, std::int64_t>{1, 131072}, {8, 131072}, {1, 1048576},
                         {256, 65536}, {256, 131072}, {256, 1048576}, {4096, 8192}}) {
-      out.push_back({DType::kBFloat16, b, n, k, false});
+      out.push_back({DType::kBFloat16, b, n, k, false, false});
     }
-    out.push_back({DType::kBFloat16, 4096, 8192, k, true});
+    out.push_back({DType::kBFloat16, 4096, 8192, k, true, true});
   }
   for (std::int64_t k : {1, 50, 1024, 4096}) {
-    for (std::int64_t b : {1, 256}) out.push_back({DType::kFloat32, b, 129280, k, false});
+    for (std::int64_t b : {1, 256}) out.push_back({DType::kFloat32, b, 129280, k, false, false});
   }
   return out;
 }
@@ -87,7 +91,7 @@ int main(int argc, char** argv) {
     } else {
       Case c{};
       if (!parse_case(a, c)) {
-        std::fprintf(stderr, "bad case '%s' (want dtype:B:N:k[:causal])\n", a.c_str());
+        std::fprintf(stderr, "bad case '%s' (want dtype:B:N:k[:causal|:end])\n", a.c_str());
         return 2;
       }
       list.push_back(c);
@@ -141,7 +145,7 @@ int main(int argc, char** argv) {
 
     attnkit::TopkTensors t;
     t.x = attnkit::TensorView::make(x, c.dtype, gpu, {c.batch, c.n});
-    if (c.causal) t.end = attnkit::TensorView::make(end, attnkit::DType::kInt32, gpu, {c.batch});
+    if (c.with_end) t.end = attnkit::TensorView::make(end, attnkit::DType::kInt32, gpu, {c.batch});
     if (values) t.out_values = attnkit::TensorView::make(vals, c.dtype, gpu, {c.batch, c.k});
     t.out_indices = attnkit::TensorView::make(idx, attnkit::DType::kInt32, gpu, {c.batch, c.k});
     attnkit::TopkOptions o;
@@ -173,7 +177,7 @@ int main(int argc, char** argv) {
                          static_cast<double>(c.batch * c.k * (4 + (values ? static_cast<std::int64_t>(elem) : 0)));
     std::printf("%-5s %6lld %8lld %5lld %-6s %-6s %10.2f %8.3f\n", short_name(c.dtype),
                 static_cast<long long>(c.batch), static_cast<long long>(c.n),
-                static_cast<long long>(c.k), c.causal ? "yes" : "no", values ? "yes" : "no", med,
+                static_cast<long long>(c.k), c.causal ? "yes" : (c.with_end ? "end" : "no"), values ? "yes" : "no", med,
                 bytes / med / 1e6);
     std::fflush(stdout);
     cudaGraphExecDestroy(exec);

@@ -157,7 +157,8 @@ ATTNKIT_HD std::uint32_t prefilter_tight_bound_bits(std::uint32_t threshold, Sco
                                                     bool& numbers_exact) {
   const std::uint32_t best_asc = p.flip == 0 ? Traits::kSign + Traits::kInf : Traits::kSign - Traits::kInf;
   numbers_exact = threshold < (best_asc ^ p.flip);
-  return prefilter_bound_bits<Traits>(numbers_exact ? threshold + 1u : threshold, p);
+  if (numbers_exact) return prefilter_bound_bits<Traits>(threshold + 1u, p);
+  return prefilter_bound_bits<Traits>(threshold, p);
 }
 
 }  // namespace attnkit::detail

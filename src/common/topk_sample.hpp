@@ -78,10 +78,23 @@ ATTNKIT_HD constexpr int filter_samples_per_thread(std::int64_t k, std::int64_t 
 /// t + kFilterSampleThreads, ...): one per stretch of vectors / (kFilterSampleThreads *
 /// per_thread), at an offset that varies by sample so that no period of the data lines up with
 /// the sample.
+template <class Int>
+ATTNKIT_HD constexpr Int filter_sample_vector_as(Int s, Int vectors, int per_thread) {
+  const Int stretch = vectors / (static_cast<Int>(kFilterSampleThreads) * static_cast<Int>(per_thread));
+  return s * stretch + (s * 37) % stretch;
+}
+
 ATTNKIT_HD constexpr std::int64_t filter_sample_vector(std::int64_t s, std::int64_t vectors,
                                                        int per_thread = 1) {
-  const std::int64_t stretch = vectors / (static_cast<std::int64_t>(kFilterSampleThreads) * per_thread);
-  return s * stretch + (s * 37) % stretch;
+  return filter_sample_vector_as<std::int64_t>(s, vectors, per_thread);
+}
+
+/// filter_sample_vector in 32-bit arithmetic, the same vector for every range of fewer than
+/// 2^32 vectors (N < 2^31): the filter kernel's sample loads, where 64-bit divisions would cost
+/// calls and registers.
+ATTNKIT_HD constexpr std::uint32_t filter_sample_vector32(std::uint32_t s, std::uint32_t vectors,
+                                                         int per_thread) {
+  return filter_sample_vector_as<std::uint32_t>(s, vectors, per_thread);
 }
 
 /// Whether vector `v` of an aligned range of `vectors` vectors is sampled by the filter kernel

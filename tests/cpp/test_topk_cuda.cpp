@@ -462,7 +462,8 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
 // aligned vectors), on every distribution. The bait puts the row's best values at the sampled
 // vectors, so that fewer than k elements reach the floor and every row is scanned again from
 // the bottom (k = 600, 700 or 2048, above the floor's rank of 42-175 samples); descending rows
-// put the best at the start.
+// put the best at the start. Every other distribution runs again with ragged rows, which take
+// the ragged-row policy.
 TEST_F(TopkCuda, FilterSampledFloorDistributions) {
   std::uint64_t seed = 4600;
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
@@ -481,10 +482,37 @@ TEST_F(TopkCuda, FilterSampledFloorDistributions) {
       c.n = 36000;
       c.k = k;
       c.order = k0 == 700 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
-      c.ragged = !bait && seed % 4 == 1;
+      c.seed = seed++;
+      check_case(c);
+      if (bait) continue;  // the bait is planted at full rows' sampled vectors
+      c.ragged = true;     // per-row ends: the ragged-row policy (three CTAs an SM)
       c.seed = seed++;
       check_case(c);
     }
+  }
+}
+
+// More ragged rows than SMs, each longer than the short-row kernel's limit: the ragged-row
+// policy (three filter CTAs an SM), small enough for racecheck. Every distribution, the three
+// dtypes, k below, near and above the floor's reach, both directions and NaN policies.
+TEST_F(TopkCuda, SmallDistributionsRaggedBatch) {
+  std::uint64_t seed = 4800;
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  const std::int64_t ks[] = {7, 300, 2048};
+  for (int d = 0; d < kDists; ++d) {
+    Case c;
+    c.dtype = dtypes[d % 3];
+    c.largest = d % 2 == 0;
+    c.nan = d % 4 == 1 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+    c.dist = static_cast<Dist>(d);
+    c.batch = 136;
+    c.n = 10000;
+    c.k = ks[(d / 3) % 3];
+    c.order = d % 2 == 1 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
+    c.ragged = true;
+    c.misalign = d % 3;
+    c.seed = seed++;
+    check_case(c);
   }
 }
 

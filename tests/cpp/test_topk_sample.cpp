@@ -14,6 +14,7 @@
 namespace {
 
 using attnkit::detail::filter_sample_vector;
+using attnkit::detail::filter_sample_vector32;
 using attnkit::detail::filter_sampled_vector;
 using attnkit::detail::filter_samples_per_thread;
 using attnkit::detail::kFilterSampleMaxPerThread;
@@ -64,6 +65,22 @@ TEST(TopkSample, FilterSeveralVectorsAThreadOnePerStretch) {
         ASSERT_GE(v, s * stretch) << "vectors=" << vectors << " s=" << s;
         ASSERT_LT(v, (s + 1) * stretch) << "vectors=" << vectors << " s=" << s;
         ASSERT_LT(v, vectors);
+      }
+    }
+  }
+}
+
+// The kernel's 32-bit form names the same vectors (ranges below 2^31 elements).
+TEST(TopkSample, FilterSampleVector32MatchesTheWideForm) {
+  for (int per_thread : {1, 2, 4, 8}) {
+    for (std::int64_t vectors : {std::int64_t{4500}, std::int64_t{131072} + 5, std::int64_t{1} << 24,
+                                 (std::int64_t{1} << 31) / 4 - 1}) {
+      const std::int64_t samples = std::int64_t{kFilterSampleThreads} * per_thread;
+      for (std::int64_t s = 0; s < samples; ++s) {
+        ASSERT_EQ(filter_sample_vector32(static_cast<std::uint32_t>(s),
+                                         static_cast<std::uint32_t>(vectors), per_thread),
+                  filter_sample_vector(s, vectors, per_thread))
+            << "vectors=" << vectors << " s=" << s << " per_thread=" << per_thread;
       }
     }
   }

@@ -191,13 +191,18 @@ Launch make_launch(const TopkProblem& p) {
     plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
   } else {
     // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory,
-    // with the widest rounds that fit.
+    // with the widest rounds that fit; three per SM for ragged rows.
     const std::size_t elem = dtype_size(p.dtype);
     const cuda::BufferPlan narrow = cuda::buffer_plan(k, cuda::NarrowPolicy::round(elem),
                                                       cuda::kNarrowSmem, p.row_len);
     const cuda::BufferPlan narrow_half = cuda::buffer_plan(
         k, cuda::NarrowHalfRoundPolicy::round(elem), cuda::kNarrowSmem, p.row_len);
-    if (p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem) {
+    const cuda::BufferPlan triple = cuda::buffer_plan(
+        k, cuda::TriplePolicy::round(elem), cuda::kTripleSmem, p.row_len);
+    if (p.batch >= sms && p.end.data != nullptr && triple.smem() <= cuda::kTripleSmem) {
+      plan.policy = RowsPolicy::kTriple;
+      plan.rows = triple;
+    } else if (p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem) {
       plan.policy = RowsPolicy::kNarrow;
       plan.rows = narrow;
     } else if (p.batch >= sms && narrow_half.smem() <= cuda::kNarrowSmem) {
@@ -320,6 +325,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
                                                   : "filter",
                l.plan.policy == RowsPolicy::kNarrow            ? "narrow"
                : l.plan.policy == RowsPolicy::kNarrowHalfRound ? "narrow-half-round"
+               : l.plan.policy == RowsPolicy::kTriple          ? "triple"
                                                                : "wide",
                l.plan.slices, l.plan.cluster_ctas,
                l.plan.rows.limit,

@@ -265,8 +265,10 @@ struct FilterEngine {
       uint4 v[kFilterSampleMaxPerThread];  // all in flight at once
 #pragma unroll
       for (int i = 0; i < kFilterSampleMaxPerThread; ++i) {
-        const std::int64_t s = threadIdx.x + i * kFilterSampleThreads;
-        if (i < per_thread) v[i] = __ldg(vec + filter_sample_vector(s, vectors, per_thread));
+        const std::uint32_t s = threadIdx.x + i * kFilterSampleThreads;
+        if (i < per_thread) {
+          v[i] = __ldg(vec + filter_sample_vector32(s, static_cast<std::uint32_t>(vectors), per_thread));
+        }
       }
 #pragma unroll
       for (int i = 0; i < kFilterSampleMaxPerThread; ++i) {
@@ -470,31 +472,31 @@ __device__ __forceinline__ void filter_partial_round(FilterEngine<Traits, kThrea
 /// tracked when track_nan).
 template <class Traits, int kThreads, int kPrefetchVectors, int kU>
 __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Traits::Bits* row,
-                           std::int64_t lo, std::int64_t hi, bool track_nan, bool sample) {
+                           std::uint32_t lo, std::uint32_t hi, bool track_nan, bool sample) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / sizeof(Bits);
   constexpr int kPrefetch = kPrefetchVectors / kU > 0 ? kPrefetchVectors / kU : 1;  // rounds
   const int tid = threadIdx.x;
   bool any_nan = false;
 
-  // One scalar element per thread: the head (< kVec elements) and the last scalars.
-  auto scalar_round = [&](std::int64_t first, std::int64_t n) {
+  // One scalar element per thread: the head (< kVec elements).
+  auto scalar_round = [&](std::uint32_t first, std::uint32_t n) {
     uint4 vecs[kU] = {};
     std::uint32_t col0[kU] = {};
     int valid[kU] = {};
     if (tid < n) {
       vecs[0].x = row[first + tid];
-      col0[0] = static_cast<std::uint32_t>(first + tid);
+      col0[0] = first + tid;
       valid[0] = 1;
     }
     filter_partial_round<kU, kVec>(e, vecs, col0, valid, track_nan, any_nan);
   };
 
-  const std::int64_t head = head_to_alignment(row, lo, hi);
-  const std::int64_t a0 = lo + head;
-  const std::int64_t vectors = (hi - a0) / kVec;
-  const std::int64_t per_round = static_cast<std::int64_t>(kThreads) * kU;  // vectors
-  const std::int64_t rounds = vectors / per_round;
+  const auto head = static_cast<std::uint32_t>(head_to_alignment(row, lo, hi));
+  const std::uint32_t a0 = lo + head;
+  const std::uint32_t vectors = (hi - a0) / kVec;
+  constexpr std::uint32_t per_round = kThreads * kU;  // vectors
+  const std::uint32_t rounds = vectors / per_round;
   const uint4* vec = reinterpret_cast<const uint4*>(row + a0);
 
   // Round r, group u covers vectors [(r * kU + u) * kThreads, +kThreads): coalesced loads.
@@ -503,24 +505,23 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   for (int r = 0; r < kPrefetch; ++r) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      if (r < rounds) buf[r][u] = __ldg(vec + (static_cast<std::int64_t>(r) * kU + u) * kThreads + tid);
+      if (r < rounds) buf[r][u] = __ldg(vec + (r * kU + u) * kThreads + tid);
     }
   }
   if (sample && vectors >= kFilterSampleMinVectors) e.template sample_floor<kVec>(vec, vectors, hi - lo);
   if (head > 0) scalar_round(lo, head);
-  // Rounds and columns fit 32 bits (N < 2^31); the next loads walk one pointer. Both keep the
-  // loop within the registers of two CTAs an SM.
-  const auto rounds32 = static_cast<std::uint32_t>(rounds);
+  // The next loads walk one pointer, which keeps the loop within the registers of two CTAs an
+  // SM.
   const uint4* next = vec + kPrefetch * kU * kThreads + tid;
-  const std::uint32_t col_thread = static_cast<std::uint32_t>(a0) + tid * kVec;
-  for (std::uint32_t r0 = 0; r0 < rounds32; r0 += kPrefetch) {
+  const std::uint32_t col_thread = a0 + tid * kVec;
+  for (std::uint32_t r0 = 0; r0 < rounds; r0 += kPrefetch) {
 #pragma unroll
     for (int q = 0; q < kPrefetch; ++q) {
       const std::uint32_t r = r0 + q;
-      if (r < rounds32) {  // uniform across the block
+      if (r < rounds) {  // uniform across the block
         uint4 cur[kU];
         bool any = false;
-        const bool load = r + kPrefetch < rounds32;
+        const bool load = r + kPrefetch < rounds;
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           cur[u] = buf[q][u];
@@ -572,25 +573,34 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
     }
   }
 
-  // Leftover vectors (fewer than a round), in the same group layout.
-  const std::int64_t rest0 = rounds * per_round;
-  if (rest0 < vectors) {
+  // Leftover vectors (fewer than a round), in the same group layout, and the last scalars as
+  // one partial vector after them (vector `vectors` always falls in this round): one partial
+  // round, so that nothing of the tail stays live across a select of the leftover vectors. The
+  // loads continue from the loop's pointer (now at vector rest0 + kPrefetch rounds + tid),
+  // which leaves no other pointer into the row live across the loop.
+  const std::uint32_t rest0 = rounds * per_round;
+  const std::uint32_t rest = (hi - a0) - vectors * kVec;  // < kVec
+  if (rest0 < vectors || rest > 0) {
+    const uint4* left = next - kPrefetch * kU * kThreads;  // vector rest0 + tid
     uint4 vecs[kU] = {};
     std::uint32_t col0[kU] = {};
     int valid[kU] = {};
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const std::int64_t v = rest0 + static_cast<std::int64_t>(u) * kThreads + tid;
+      const std::uint32_t v = rest0 + u * kThreads + tid;
       if (v < vectors) {
-        vecs[u] = __ldg(vec + v);
-        col0[u] = static_cast<std::uint32_t>(a0 + v * kVec);
+        vecs[u] = __ldg(left + u * kThreads);
+        col0[u] = a0 + v * kVec;
         valid[u] = kVec;
+      } else if (v == vectors && rest > 0) {
+        vecs[u] = load_vector_prefix<kVec>(reinterpret_cast<const Bits*>(left + u * kThreads),
+                                           static_cast<int>(rest));
+        col0[u] = a0 + v * kVec;
+        valid[u] = static_cast<int>(rest);
       }
     }
     filter_partial_round<kU, kVec>(e, vecs, col0, valid, track_nan, any_nan);
   }
-  const std::int64_t rest = (hi - a0) - vectors * kVec;  // < kVec
-  if (rest > 0) scalar_round(a0 + vectors * kVec, rest);
   return any_nan;
 }
 
@@ -696,8 +706,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
 
   const std::int64_t b = row_of_block(blockIdx.x, p.slices);
   const std::int64_t s = blockIdx.x % p.slices;
-  std::int64_t seg_lo, seg_hi;
-  slice_range(p, b, s, seg_lo, seg_hi);
+  std::int64_t lo, hi;
+  slice_range(p, b, s, lo, hi);
+  // The range in 32 bits (N < 2^31): the rescan keeps it live across the first scan.
+  const auto seg_lo = static_cast<std::uint32_t>(lo), seg_hi = static_cast<std::uint32_t>(hi);
 
   auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
@@ -706,6 +718,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
       stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan, true);
   if (e.rescan_needed()) {  // uniform; rare: the sample overestimated the range
     e.reset();
+    // Hides from the compiler that the rescan reads the same row, which it would otherwise
+    // exploit by keeping the first scan's addresses (the head's) live across that scan: three
+    // CTAs an SM leave 80 registers a thread.
+    asm volatile("" : "+l"(row));
     any_nan |=
         stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan, false);
   }
