@@ -183,17 +183,20 @@ struct Prefilter {
   /// The same test as a bit mask over the vector's elements (bit j: element j may pass).
   __device__ __forceinline__ std::uint32_t vector_may_pass_bits(const uint4& v) const {
     const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
-    std::uint32_t bits = 0;
+    std::uint32_t m[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const std::uint32_t m = word_may_pass<Traits>(words[i] ^ sign_flip, bound);
-      if constexpr (Traits::kBits == 32) {
-        bits |= m << i;
-      } else {  // one 0xFFFF lane mask per element: keep bit 0 and bit 16
-        bits |= ((m & 1u) | ((m >> 15) & 2u)) << (2 * i);
-      }
+    for (int i = 0; i < 4; ++i) m[i] = word_may_pass<Traits>(words[i] ^ sign_flip, bound);
+    if constexpr (Traits::kBits == 32) {
+      return m[0] | m[1] << 1 | m[2] << 2 | m[3] << 3;
+    } else {
+      // A word's result is all ones in each 16-bit lane that passes, so its bits 15 and 16 are
+      // elements 2i and 2i + 1, side by side: masked, the four pairs move next to each other
+      // by multiplications (no carries, the bits are disjoint), seven instructions a vector.
+      constexpr std::uint32_t kPair = 0x00018000u;
+      const std::uint32_t packed = (m[0] & kPair) + (m[1] & kPair) * 4u + (m[2] & kPair) * 16u +
+                                   (m[3] & kPair) * 64u;
+      return packed >> 15;
     }
-    return bits;
   }
 };
 
@@ -520,12 +523,16 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
       const std::uint32_t r = r0 + q;
       if (r < rounds) {  // uniform across the block
         uint4 cur[kU];
-        bool any = false;
+        // Every thread packs its prefilter bits: in most rounds some lane of each warp has a
+        // flagged element, and the packing costs less than a branch that repeats the test.
+        std::uint32_t mask[kU];
+        std::uint32_t flagged = 0;
         const bool load = r + kPrefetch < rounds;
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           cur[u] = buf[q][u];
-          any |= e.pre.vector_may_pass(cur[u]);
+          mask[u] = e.pre.vector_may_pass_bits(cur[u]);
+          flagged |= mask[u];
           if (load) buf[q][u] = __ldg(next + u * kThreads);
         }
         next += kU * kThreads;
@@ -545,17 +552,14 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
               col_of);
           continue;
         }
-        // Exact scores only where the prefilter let something through: after the first
-        // rounds a thread rarely holds a newcomer.
-        std::uint32_t mask[kU] = {};
-        if (any && e.pre.exact && !track_nan) {  // the comparison decides: no scores to test
-#pragma unroll
-          for (int u = 0; u < kU; ++u) mask[u] = e.pre.vector_may_pass_bits(cur[u]);
-        } else if (any) {
+        // Exact scores only where the prefilter let something through (after the first
+        // rounds a thread rarely holds a newcomer), and none where the comparison decides.
+        if (flagged != 0 && !(e.pre.exact && !track_nan)) {
 #pragma unroll
           for (int u = 0; u < kU; ++u) {
             // Only the elements the prefilter let through; every NaN is among them.
-            std::uint32_t maybe = e.pre.vector_may_pass_bits(cur[u]);
+            std::uint32_t maybe = mask[u];
+            mask[u] = 0;
             while (maybe != 0) {
               const int j = __ffs(maybe) - 1;
               maybe &= maybe - 1;
