@@ -32,6 +32,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/topk_index.hpp"
 #include "common/topk_keys.hpp"
@@ -114,6 +115,22 @@ __device__ __forceinline__ std::uint32_t word_may_pass(std::uint32_t w, std::uin
   }
 }
 
+/// word_may_pass for largest=false without the sign flip: nonzero when some element of `w`
+/// is not above `bound` (NaN included), i.e. !(x > bound).
+template <class Traits>
+__device__ __forceinline__ std::uint32_t word_may_pass_smallest(std::uint32_t w,
+                                                                std::uint32_t bound) {
+  if constexpr (Traits::kBits == 32) {
+    return !(__uint_as_float(w) > __uint_as_float(bound));
+  } else if constexpr (Traits::kInf == 0x7F80u) {  // bfloat16x2
+    return __hleu2_mask(*reinterpret_cast<const __nv_bfloat162*>(&w),
+                        *reinterpret_cast<const __nv_bfloat162*>(&bound));
+  } else {  // half2
+    return __hleu2_mask(*reinterpret_cast<const __half2*>(&w),
+                        *reinterpret_cast<const __half2*>(&bound));
+  }
+}
+
 /// Word w (0..3) of a vector, for a w known only at run time (a select chain, so the vector
 /// stays in registers).
 __device__ __forceinline__ std::uint32_t vector_word(const uint4& v, int w) {
@@ -186,6 +203,27 @@ struct Prefilter {
     std::uint32_t m[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) m[i] = word_may_pass<Traits>(words[i] ^ sign_flip, bound);
+    return pack_lane_masks(m);
+  }
+
+  /// vector_may_pass_bits for a direction known at compile time (kSmallest: sign_flip is the
+  /// sign bits, else 0): the input is compared as it is, with "less or equal" against the
+  /// bound's own value for smallest, so no word is XORed.
+  template <bool kSmallest>
+  __device__ __forceinline__ std::uint32_t vector_may_pass_bits_as(const uint4& v) const {
+    const std::uint32_t b = kSmallest ? bound ^ sign_flip : bound;
+    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    std::uint32_t m[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      m[i] = kSmallest ? word_may_pass_smallest<Traits>(words[i], b)
+                       : word_may_pass<Traits>(words[i], b);
+    }
+    return pack_lane_masks(m);
+  }
+
+  /// Bit j of the result: element j's comparison (word_may_pass results of a vector's words).
+  __device__ __forceinline__ static std::uint32_t pack_lane_masks(const std::uint32_t (&m)[4]) {
     if constexpr (Traits::kBits == 32) {
       return m[0] | m[1] << 1 | m[2] << 2 | m[3] << 3;
     } else {
@@ -517,64 +555,73 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   // SM.
   const uint4* next = vec + kPrefetch * kU * kThreads + tid;
   const std::uint32_t col_thread = a0 + tid * kVec;
-  for (std::uint32_t r0 = 0; r0 < rounds; r0 += kPrefetch) {
+  // The rounds, compiled once a direction so that the prefilter compares words as loaded.
+  auto stream_rounds = [&](auto smallest) {
+    constexpr bool kSmallest = decltype(smallest)::value;
+    for (std::uint32_t r0 = 0; r0 < rounds; r0 += kPrefetch) {
 #pragma unroll
-    for (int q = 0; q < kPrefetch; ++q) {
-      const std::uint32_t r = r0 + q;
-      if (r < rounds) {  // uniform across the block
-        uint4 cur[kU];
-        // Every thread packs its prefilter bits: in most rounds some lane of each warp has a
-        // flagged element, and the packing costs less than a branch that repeats the test.
-        std::uint32_t mask[kU];
-        std::uint32_t flagged = 0;
-        const bool load = r + kPrefetch < rounds;
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          cur[u] = buf[q][u];
-          mask[u] = e.pre.vector_may_pass_bits(cur[u]);
-          flagged |= mask[u];
-          if (load) buf[q][u] = __ldg(next + u * kThreads);
-        }
-        next += kU * kThreads;
-        auto col_of = [&](int u, int j) {
-          return col_thread + (r * kU + u) * (kThreads * kVec) + j;
-        };
-        if (e.admits_everything()) {  // uniform: the rounds before the first select
-          if (track_nan) {
-#pragma unroll
-            for (int u = 0; u < kU; ++u) {
-#pragma unroll
-              for (int j = 0; j < kVec; ++j) any_nan |= is_nan_bits<Traits>(vector_element<kVec>(cur[u], j));
-            }
-          }
-          e.template append_all<kU, kVec>(
-              [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp); },
-              col_of);
-          continue;
-        }
-        // Exact scores only where the prefilter let something through (after the first
-        // rounds a thread rarely holds a newcomer), and none where the comparison decides.
-        if (flagged != 0 && !(e.pre.exact && !track_nan)) {
+      for (int q = 0; q < kPrefetch; ++q) {
+        const std::uint32_t r = r0 + q;
+        if (r < rounds) {  // uniform across the block
+          uint4 cur[kU];
+          // Every thread packs its prefilter bits: in most rounds some lane of each warp has a
+          // flagged element, and the packing costs less than a branch that repeats the test.
+          std::uint32_t mask[kU];
+          std::uint32_t flagged = 0;
+          const bool load = r + kPrefetch < rounds;
 #pragma unroll
           for (int u = 0; u < kU; ++u) {
-            // Only the elements the prefilter let through; every NaN is among them.
-            std::uint32_t maybe = mask[u];
-            mask[u] = 0;
-            while (maybe != 0) {
-              const int j = __ffs(maybe) - 1;
-              maybe &= maybe - 1;
-              const std::uint32_t bits = vector_element<kVec>(cur[u], j);
-              if (track_nan) any_nan |= is_nan_bits<Traits>(bits);
-              mask[u] |= e.admits(bits) ? 1u << j : 0u;
+            cur[u] = buf[q][u];
+            mask[u] = e.pre.template vector_may_pass_bits_as<kSmallest>(cur[u]);
+            flagged |= mask[u];
+            if (load) buf[q][u] = __ldg(next + u * kThreads);
+          }
+          next += kU * kThreads;
+          auto col_of = [&](int u, int j) {
+            return col_thread + (r * kU + u) * (kThreads * kVec) + j;
+          };
+          if (e.admits_everything()) {  // uniform: the rounds before the first select
+            if (track_nan) {
+#pragma unroll
+              for (int u = 0; u < kU; ++u) {
+#pragma unroll
+                for (int j = 0; j < kVec; ++j) any_nan |= is_nan_bits<Traits>(vector_element<kVec>(cur[u], j));
+              }
+            }
+            e.template append_all<kU, kVec>(
+                [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp); },
+                col_of);
+            continue;
+          }
+          // Exact scores only where the prefilter let something through (after the first
+          // rounds a thread rarely holds a newcomer), and none where the comparison decides.
+          if (flagged != 0 && !(e.pre.exact && !track_nan)) {
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+              // Only the elements the prefilter let through; every NaN is among them.
+              std::uint32_t maybe = mask[u];
+              mask[u] = 0;
+              while (maybe != 0) {
+                const int j = __ffs(maybe) - 1;
+                maybe &= maybe - 1;
+                const std::uint32_t bits = vector_element<kVec>(cur[u], j);
+                if (track_nan) any_nan |= is_nan_bits<Traits>(bits);
+                mask[u] |= e.admits(bits) ? 1u << j : 0u;
+              }
             }
           }
+          e.template append<kU, kVec>(
+              mask,
+              [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp); },
+              col_of);
         }
-        e.template append<kU, kVec>(
-            mask,
-            [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp); },
-            col_of);
       }
     }
+  };
+  if (e.pre.sign_flip == 0) {
+    stream_rounds(std::false_type{});
+  } else {
+    stream_rounds(std::true_type{});
   }
 
   // Leftover vectors (fewer than a round), in the same group layout, and the last scalars as
