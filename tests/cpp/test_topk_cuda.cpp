@@ -348,6 +348,14 @@ class TopkCuda : public ::testing::Test {
   }
 };
 
+/// A batch a few rows larger than the device's SM count: the filter kernel then runs one CTA a
+/// row with the narrow (or, with per-row ends, the ragged-row) policy.
+std::int64_t rows_past_sms() {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  return std::max(sms, 1) + 8;
+}
+
 /// The option axes of the every-option tests, cycled by `variant` at different periods so that
 /// the combinations differ from case to case.
 void set_variant_options(Case& c, int variant) {
@@ -462,10 +470,12 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
 // aligned vectors), on every distribution. The bait puts the row's best values at the sampled
 // vectors, so that fewer than k elements reach the floor and every row is scanned again from
 // the bottom (k = 600, 700 or 2048, above the floor's rank of 42-175 samples); descending rows
-// put the best at the start. Every other distribution runs again with ragged rows, which take
-// the ragged-row policy.
+// put the best at the start. Each case but the bait runs again with ragged rows in the other
+// direction; those take the ragged-row policy (three CTAs an SM) where its buffers fit with the
+// full slack (every k here but 2048).
 TEST_F(TopkCuda, FilterSampledFloorDistributions) {
   std::uint64_t seed = 4600;
+  int index = 0;
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   for (int d = 0; d < kDists; ++d) {
     for (std::int64_t k0 : {7, 700, 2048}) {
@@ -475,17 +485,18 @@ TEST_F(TopkCuda, FilterSampledFloorDistributions) {
       const std::int64_t k = bait && k0 == 7 ? 600 : k0;
       Case c;
       c.dtype = dtypes[(seed + static_cast<std::uint64_t>(d)) % 3];
-      c.largest = seed % 2 == 0 || bait;
+      c.largest = index++ % 2 == 0 || bait;
       c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
       c.dist = static_cast<Dist>(d);
-      c.batch = 140;
+      c.batch = rows_past_sms();
       c.n = 36000;
       c.k = k;
       c.order = k0 == 700 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
       c.seed = seed++;
       check_case(c);
       if (bait) continue;  // the bait is planted at full rows' sampled vectors
-      c.ragged = true;     // per-row ends: the ragged-row policy (three CTAs an SM)
+      c.ragged = true;
+      c.largest = !c.largest;
       c.seed = seed++;
       check_case(c);
     }
@@ -494,18 +505,20 @@ TEST_F(TopkCuda, FilterSampledFloorDistributions) {
 
 // More ragged rows than SMs, each longer than the short-row kernel's limit: the ragged-row
 // policy (three filter CTAs an SM), small enough for racecheck. Every distribution, the three
-// dtypes, k below, near and above the floor's reach, both directions and NaN policies.
+// dtypes, k = 7, 300 and 1024 (near the largest the policy takes: 1024 for 16-bit types, 1152
+// for fp32), both directions and NaN policies; the fp32 rows are long enough to start from a
+// sampled floor.
 TEST_F(TopkCuda, SmallDistributionsRaggedBatch) {
   std::uint64_t seed = 4800;
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-  const std::int64_t ks[] = {7, 300, 2048};
+  const std::int64_t ks[] = {7, 300, 1024};
   for (int d = 0; d < kDists; ++d) {
     Case c;
     c.dtype = dtypes[d % 3];
     c.largest = d % 2 == 0;
     c.nan = d % 4 == 1 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
     c.dist = static_cast<Dist>(d);
-    c.batch = 136;
+    c.batch = rows_past_sms();
     c.n = 10000;
     c.k = ks[(d / 3) % 3];
     c.order = d % 2 == 1 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cub/device/device_segmented_sort.cuh>
+#include <limits>
 #include <mutex>
 
 #include "attnkit/error.hpp"
@@ -29,7 +30,8 @@ namespace attnkit::detail::cuda {
                                            cudaStream_t);                                    \
   extern template void launch_ranked<Traits>(const TopkPlan&, const TopkKernelParams&,       \
                                              const std::uint64_t*, cudaStream_t);            \
-  extern template int max_cluster_ctas<Traits>();
+  extern template int max_cluster_ctas<Traits>();                                           \
+  extern template int triple_ctas_per_sm<Traits>();
 ATTNKIT_TOPK_EXTERN(Float32Traits)
 ATTNKIT_TOPK_EXTERN(BFloat16Traits)
 ATTNKIT_TOPK_EXTERN(Float16Traits)
@@ -61,21 +63,42 @@ int sm_count(int device) {
   return cache[d];
 }
 
-/// The largest cluster the cluster kernel runs with for this dtype on this device (cached; the
-/// query launches nothing).
-int cluster_limit(const TopkProblem& p) {
-  static std::mutex mutex;
-  static std::array<std::array<int, 3>, 64> cache{};
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto d = static_cast<std::size_t>(p.device.index);
-  const std::size_t t = p.dtype == DType::kFloat32 ? 0 : p.dtype == DType::kBFloat16 ? 1 : 2;
-  if (d >= cache.size()) return 1;
-  if (cache[d][t] == 0) {
-    with_traits(p.dtype, [&](auto traits) {
-      cache[d][t] = cuda::max_cluster_ctas<decltype(traits)>();
-    });
+/// A value per (device, dtype) that `query(traits)` computes once (it launches nothing);
+/// `fallback` for device indices beyond the cache.
+class PerDeviceDtype {
+ public:
+  PerDeviceDtype() {
+    for (auto& row : cache_) row.fill(kUnset);
   }
-  return cache[d][t];
+  template <class Query>
+  int get(const TopkProblem& p, int fallback, Query query) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto d = static_cast<std::size_t>(p.device.index);
+    const std::size_t t = p.dtype == DType::kFloat32 ? 0 : p.dtype == DType::kBFloat16 ? 1 : 2;
+    if (d >= cache_.size()) return fallback;
+    int& v = cache_[d][t];
+    if (v == kUnset) with_traits(p.dtype, [&](auto traits) { v = query(traits); });
+    return v;
+  }
+
+ private:
+  static constexpr int kUnset = std::numeric_limits<int>::min();
+  std::mutex mutex_;
+  std::array<std::array<int, 3>, 64> cache_{};
+};
+
+/// The largest cluster the cluster kernel runs with for this dtype on this device.
+int cluster_limit(const TopkProblem& p) {
+  static PerDeviceDtype cache;
+  return cache.get(p, 1, [](auto traits) { return cuda::max_cluster_ctas<decltype(traits)>(); });
+}
+
+/// Whether the ragged-row policy keeps three CTAs an SM for this dtype on this device.
+bool triple_fits_three(const TopkProblem& p) {
+  static PerDeviceDtype cache;
+  const int ctas = cache.get(
+      p, 0, [](auto traits) { return cuda::triple_ctas_per_sm<decltype(traits)>(); });
+  return ctas >= 3;
 }
 
 /// ATTNKIT_CUDA_TOPK_PATH, read once: "cluster" prefers the cluster kernel wherever it can
@@ -197,9 +220,14 @@ Launch make_launch(const TopkProblem& p) {
                                                       cuda::kNarrowSmem, p.row_len);
     const cuda::BufferPlan narrow_half = cuda::buffer_plan(
         k, cuda::NarrowHalfRoundPolicy::round(elem), cuda::kNarrowSmem, p.row_len);
+    // Three CTAs an SM only where their buffers fit without a smaller slack (which would add
+    // selects: fp32 k > 1152) and the device keeps three resident.
     const cuda::BufferPlan triple = cuda::buffer_plan(
         k, cuda::TriplePolicy::round(elem), cuda::kTripleSmem, p.row_len);
-    if (p.batch >= sms && p.end.data != nullptr && triple.smem() <= cuda::kTripleSmem) {
+    const cuda::BufferPlan triple_full = cuda::buffer_plan(
+        k, cuda::TriplePolicy::round(elem), cuda::kMaxDynamicSmem, p.row_len);
+    if (p.batch >= sms && p.end.data != nullptr && triple.smem() <= cuda::kTripleSmem &&
+        triple.limit == triple_full.limit && triple_fits_three(p)) {
       plan.policy = RowsPolicy::kTriple;
       plan.rows = triple;
     } else if (p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem) {

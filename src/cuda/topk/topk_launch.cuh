@@ -28,8 +28,9 @@ namespace attnkit::detail::cuda {
 template <int kThreadsV, int kPrefetchV, int kMinBlocksV, int kUV>
 struct FilterPolicy {
   static constexpr int kThreads = kThreadsV;
-  // 16-byte vectors per thread in flight: 64 bytes a thread, 32 KB an SM, which covers the
-  // DRAM latency at the per-SM share of bandwidth within 128 registers a thread.
+  // 16-byte vectors per thread in flight: four (64 bytes a thread, 32 KB an SM at two CTAs)
+  // cover the DRAM latency at the per-SM share of bandwidth within 128 registers a thread;
+  // the ragged-row policy keeps two (24 KB an SM at three CTAs) within 80.
   static constexpr int kPrefetch = kPrefetchV;
   static constexpr int kMinBlocks = kMinBlocksV;  // CTAs per SM the registers must allow
   static constexpr int kU = kUV;                  // 16-byte vectors per thread per round
@@ -55,7 +56,9 @@ using NarrowHalfRoundPolicy = FilterPolicy<256, 4, 2, 2>;
 // narrow policy, run 62). Rows of one length passed with `end` lose 4-10 % by it; the host
 // cannot tell them apart without reading `end`.
 using TriplePolicy = FilterPolicy<256, 2, 3, 2>;
-// Dynamic shared memory that lets three such CTAs (8 KB static each) share an SM.
+// Dynamic shared memory that lets three such CTAs (8.6 KB static each, and 1 KB the driver
+// keeps a CTA) share an H200 SM's 228 KB, with 1.1 KB to spare; dispatch checks the
+// occupancy on the device (triple_ctas_per_sm) before it takes the policy.
 constexpr std::size_t kTripleSmem = 66 * 1024;
 // The merge kernel streams one 16-byte vector of keys per thread per round.
 constexpr int kMergeThreads = 512;
@@ -310,6 +313,23 @@ int max_cluster_ctas() {
     (void)cudaGetLastError();  // an unsupported size is an answer, not an error
   }
   return 1;
+}
+
+/// How many CTAs of the ragged-row policy (TriplePolicy, kTripleSmem of buffers) this device
+/// keeps resident on one SM; the policy pays only at three (an H200 has the shared memory for
+/// three, an A100 for two).
+template <class Traits>
+int triple_ctas_per_sm() {
+  auto kernel = topk_rows_kernel<Traits, TriplePolicy::kThreads, TriplePolicy::kPrefetch,
+                                 TriplePolicy::kMinBlocks, TriplePolicy::kU>;
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kTripleSmem)),
+             "cudaFuncSetAttribute(topk_rows_kernel<256, triple>)");
+  int ctas = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, TriplePolicy::kThreads,
+                                                           kTripleSmem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(topk_rows_kernel<256, triple>)");
+  return ctas;
 }
 
 template <class Traits>

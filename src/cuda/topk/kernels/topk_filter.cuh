@@ -168,9 +168,11 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
 }
 
 /// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any
-/// element of a 16-byte vector may score above the threshold (word_may_pass). Input words are
-/// XORed with `sign_flip` (the sign bits for largest=false, else 0) and compared with
-/// `bound`, both replicated per 16-bit lane. The bound is prefilter_tight_bound_bits', exact
+/// element of a 16-byte vector may score above the threshold (word_may_pass). In the forms
+/// that take the direction at run time, input words are XORed with `sign_flip` (the sign bits
+/// for largest=false, else 0) and compared with `bound`, both replicated per 16-bit lane; the
+/// `_as<kSmallest>` forms compare the words as loaded, with `<=` against `bound ^ sign_flip`
+/// for smallest. The bound is prefilter_tight_bound_bits', exact
 /// for numbers wherever it exists, so numbers equal to the threshold's value do
 /// not pass; `exact` says that the comparison is the whole admission test (NaN, which passes
 /// every bound, beats the threshold too), so callers may skip the exact scores.
@@ -251,7 +253,7 @@ struct FilterEngine {
   // The lists live in dynamic shared memory: survivor lists 0 and 1 (key [slots], col [slots]
   // each), then the newcomers (key [newcomer_slots], col [newcomer_slots]). Their addresses are
   // derived from the array when used rather than held, so that the stream's registers go to
-  // data in flight (two CTAs an SM allow 128 a thread).
+  // data in flight (two CTAs an SM allow 128 a thread, three 80).
   std::uint32_t slots;           // per survivor list
   std::uint32_t newcomer_slots;
   std::uint32_t current = 0;     // the survivor list holding the survivors, column order
@@ -552,7 +554,7 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
   if (sample && vectors >= kFilterSampleMinVectors) e.template sample_floor<kVec>(vec, vectors, hi - lo);
   if (head > 0) scalar_round(lo, head);
   // The next loads walk one pointer, which keeps the loop within the registers of two CTAs an
-  // SM.
+  // SM (three for the ragged-row policy).
   const uint4* next = vec + kPrefetch * kU * kThreads + tid;
   const std::uint32_t col_thread = a0 + tid * kVec;
   // The rounds, compiled once a direction so that the prefilter compares words as loaded.
