@@ -150,14 +150,19 @@ struct TopkPlan {
 // Launch
 // ---------------------------------------------------------------------------------------------
 
+/// Static plus dynamic shared memory above 48 KB needs the opt-in; setting it before every
+/// launch or query costs a host-side store and keeps it right on every device.
 template <class Kernel>
-void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
-            cudaStream_t stream, const TopkKernelParams& p, const char* name) {
-  // Static plus dynamic shared memory above 48 KB needs the opt-in; setting it every launch
-  // costs a host-side store and keeps it right on every device.
+void allow_dynamic_smem(Kernel kernel, std::size_t smem, const char* name) {
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)),
              name);
+}
+
+template <class Kernel>
+void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
+            cudaStream_t stream, const TopkKernelParams& p, const char* name) {
+  allow_dynamic_smem(kernel, smem, name);
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
   cuda_check_launch(name);
 }
@@ -187,9 +192,7 @@ struct ClusterConfig {
 /// than 8 is non-portable).
 template <class Kernel>
 void allow_clusters(Kernel kernel, std::size_t smem, const char* name) {
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             name);
+  allow_dynamic_smem(kernel, smem, name);
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
              name);
 }
@@ -204,12 +207,17 @@ void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, s
   cuda_check_launch(name);
 }
 
+/// The rows kernel of policy P.
+template <class Traits, class P>
+constexpr auto rows_kernel =
+    topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks, P::kU>;
+
 /// Launches the rows kernel (the filter path) with policy P.
 template <class Traits, class P>
 void launch_rows_with(const TopkPlan& plan, const TopkKernelParams& p, cudaStream_t stream,
                       const char* name) {
-  launch(topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks, P::kU>,
-         plan.batch * plan.slices, P::kThreads, plan.rows.smem(), stream, p, name);
+  launch(rows_kernel<Traits, P>, plan.batch * plan.slices, P::kThreads, plan.rows.smem(), stream,
+         p, name);
 }
 
 /// Launches the rows kernel (the filter path) with its policy.
@@ -320,11 +328,8 @@ int max_cluster_ctas() {
 /// three, an A100 for two).
 template <class Traits>
 int triple_ctas_per_sm() {
-  auto kernel = topk_rows_kernel<Traits, TriplePolicy::kThreads, TriplePolicy::kPrefetch,
-                                 TriplePolicy::kMinBlocks, TriplePolicy::kU>;
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kTripleSmem)),
-             "cudaFuncSetAttribute(topk_rows_kernel<256, triple>)");
+  const auto kernel = rows_kernel<Traits, TriplePolicy>;
+  allow_dynamic_smem(kernel, kTripleSmem, "cudaFuncSetAttribute(topk_rows_kernel<256, triple>)");
   int ctas = 0;
   cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, TriplePolicy::kThreads,
                                                            kTripleSmem),

@@ -620,7 +620,7 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
       }
     }
   };
-  if (e.pre.sign_flip == 0) {
+  if (e.sp.flip == 0) {
     stream_rounds(std::false_type{});
   } else {
     stream_rounds(std::true_type{});
