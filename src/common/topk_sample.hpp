@@ -15,6 +15,17 @@ namespace attnkit::detail {
 inline constexpr int kShortThreads = 256;   // threads per CTA
 inline constexpr int kShortPerThread = 32;  // consecutive columns per thread
 inline constexpr std::int64_t kShortMaxLen = kShortThreads * kShortPerThread;
+inline constexpr int kMaxClusterCtas = 16;  // non-portable cluster size on sm_90
+/// Threads per CTA of the clusters that hold rows beyond kMaxClusterCtas * kShortMaxLen
+/// columns (e.g. vocabularies of 151936 or 202048 entries): twice the columns a CTA.
+inline constexpr int kWideClusterThreads = 512;
+inline constexpr std::int64_t kClusterMaxLen =
+    std::int64_t{kWideClusterThreads} * kShortPerThread * kMaxClusterCtas;
+
+/// Threads per CTA the cluster kernel runs a row of `row_len` columns with.
+ATTNKIT_HD constexpr int short_cluster_threads(std::int64_t row_len) {
+  return row_len > kShortMaxLen * kMaxClusterCtas ? kWideClusterThreads : kShortThreads;
+}
 
 /// Threads per sampling thread: every thread samples in a lone CTA, every 2nd in a pair and
 /// every 4th in larger clusters, so that a row's sample holds 256 to 1024 elements.
@@ -26,8 +37,14 @@ ATTNKIT_HD constexpr int short_sample_element(int tid, int rank) {
   return (tid * 11 + rank * 5) & 31;
 }
 
-/// CTAs per row the kernel runs a row of `row_len` columns with (a power of two).
+/// CTAs per row the kernel runs a row of `row_len` columns with: a power of two up to
+/// kMaxClusterCtas * kShortMaxLen columns, beyond as many 512-thread CTAs as the row fills (a
+/// 151936-column row takes 10, not 16).
 ATTNKIT_HD constexpr int short_cluster_ctas(std::int64_t row_len) {
+  if (short_cluster_threads(row_len) == kWideClusterThreads) {
+    constexpr std::int64_t per_cta = std::int64_t{kWideClusterThreads} * kShortPerThread;
+    return static_cast<int>((row_len + per_cta - 1) / per_cta);
+  }
   int ctas = 1;
   while (ctas * kShortMaxLen < row_len) ctas *= 2;
   return ctas;
@@ -35,9 +52,9 @@ ATTNKIT_HD constexpr int short_cluster_ctas(std::int64_t row_len) {
 
 /// Whether column `col` (counted from the row's `begin`) is sampled in a row of `row_len`.
 ATTNKIT_HD constexpr bool short_sampled(std::int64_t col, std::int64_t row_len) {
-  const int ctas = short_cluster_ctas(row_len);
+  const int ctas = short_cluster_ctas(row_len), threads = short_cluster_threads(row_len);
   const auto thread = static_cast<int>(col / kShortPerThread);
-  const int tid = thread % kShortThreads, rank = thread / kShortThreads;
+  const int tid = thread % threads, rank = thread / threads;
   return tid % short_sample_every(ctas) == 0 &&
          col % kShortPerThread == short_sample_element(tid, rank);
 }

@@ -394,22 +394,23 @@ TEST_F(TopkCuda, SmallEveryOption) {
   }
 }
 
-// Rows of 8K..128K columns in small batches take one thread-block cluster per row on sm_90
-// (up to 16 CTAs pooling histograms and counts): every option there, with rows that end inside
-// any CTA of the cluster.
+// Rows of 8K..256K columns in small batches take one thread-block cluster per row on sm_90
+// (up to 16 CTAs pooling histograms and counts, of 512 threads beyond 128K columns, e.g. the
+// 151936- and 202048-entry vocabularies): every option there, with rows that end inside any CTA
+// of the cluster.
 TEST_F(TopkCuda, SmallClusterEveryOption) {
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   const attnkit::TopkOrder orders[] = {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kIndex,
                                        attnkit::TopkOrder::kValue};
-  const std::int64_t lengths[] = {8193, 20000, 65543, 131072};
+  const std::int64_t lengths[] = {8193, 20000, 65543, 131072, 151936, 202048};
   const std::int64_t ks[] = {7, 512, 4096};
   std::uint64_t seed = 5000;
-  for (int variant = 0; variant < 12; ++variant) {
+  for (int variant = 0; variant < 18; ++variant) {
     Case c;
     c.dtype = dtypes[variant % 3];
     c.order = orders[(variant / 3) % 3];
     c.batch = 1 + variant % 3;
-    c.n = lengths[variant % 4];
+    c.n = lengths[(variant / 2) % 6];
     c.k = ks[(variant / 4) % 3];
     c.dist = static_cast<Dist>(variant % kDists);
     set_variant_options(c, variant);

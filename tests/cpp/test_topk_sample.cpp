@@ -124,9 +124,10 @@ TEST(TopkSample, FilterRangesBelowTheMinimumAreNotSampled) {
 
 TEST(TopkSample, ShortSampleCountPerCta) {
   // A lone CTA samples with every thread, clusters of 2 with every 2nd, larger with every 4th:
-  // 256 samples a CTA, 128 or 64 in clusters.
+  // 256 samples a CTA, 128 or 64 in clusters; 128 a 512-thread CTA of 16384 columns (rows
+  // beyond 16 x 8192), again 64 per 8192 columns.
   for (std::int64_t n : {std::int64_t{8192}, std::int64_t{16384}, std::int64_t{20003},
-                         std::int64_t{131072}}) {
+                         std::int64_t{131072}, std::int64_t{151936}, std::int64_t{262144}}) {
     std::int64_t count = 0;
     for (std::int64_t c = 0; c < n; ++c) count += short_sampled(c, n) ? 1 : 0;
     const std::int64_t ctas = (n + kShortMaxLen - 1) / kShortMaxLen;

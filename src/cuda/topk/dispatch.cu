@@ -30,7 +30,7 @@ namespace attnkit::detail::cuda {
                                            cudaStream_t);                                    \
   extern template void launch_ranked<Traits>(const TopkPlan&, const TopkKernelParams&,       \
                                              const std::uint64_t*, cudaStream_t);            \
-  extern template int max_cluster_ctas<Traits>();                                           \
+  extern template int max_cluster_ctas<Traits>(int);                                        \
   extern template int triple_ctas_per_sm<Traits>();
 ATTNKIT_TOPK_EXTERN(Float32Traits)
 ATTNKIT_TOPK_EXTERN(BFloat16Traits)
@@ -87,10 +87,13 @@ class PerDeviceDtype {
   std::array<std::array<int, 3>, 64> cache_{};
 };
 
-/// The largest cluster the cluster kernel runs with for this dtype on this device.
-int cluster_limit(const TopkProblem& p) {
-  static PerDeviceDtype cache;
-  return cache.get(p, 1, [](auto traits) { return cuda::max_cluster_ctas<decltype(traits)>(); });
+/// The largest cluster the cluster kernel runs with for this dtype on this device, with CTAs
+/// of `threads` (kShortThreads or kWideClusterThreads).
+int cluster_limit(const TopkProblem& p, int threads) {
+  static PerDeviceDtype narrow, wide;
+  return (threads == cuda::kWideClusterThreads ? wide : narrow).get(p, 1, [threads](auto traits) {
+    return cuda::max_cluster_ctas<decltype(traits)>(threads);
+  });
 }
 
 /// Whether the ragged-row policy keeps three CTAs an SM for this dtype on this device.
@@ -102,7 +105,7 @@ bool triple_fits_three(const TopkProblem& p) {
 }
 
 /// ATTNKIT_CUDA_TOPK_PATH, read once: "cluster" prefers the cluster kernel wherever it can
-/// run (rows of up to 16 * 8192 columns, one CTA per row for rows of up to 8192), "filter"
+/// run (rows of up to 16 * 16384 columns, one CTA per row for rows of up to 8192), "filter"
 /// never takes it, anything else (the default, "auto") takes it where it measured fastest.
 enum class PathChoice { kAuto, kCluster, kFilter };
 
@@ -123,12 +126,16 @@ PathChoice path_choice() {
 /// 16-bit rows of more than 32K columns (B=32 x 128K: 1.2-1.5x faster than the filter kernel,
 /// B=64 x 64K: 1.1-1.3x). fp32 rows need more passes, and shorter rows keep the filter
 /// kernel's slices busy, so there the cluster kernel lost beyond two CTAs an SM (0.86-0.90x).
+/// Rows beyond 16 x 8192 columns take 512-thread CTAs, one an SM, while the rows fit the GPU at
+/// once (B x CTAs <= SMs).
 bool use_cluster_kernel(const TopkProblem& p, int sms) {
   const PathChoice choice = path_choice();
   if (choice == PathChoice::kFilter || p.row_len > cuda::kClusterMaxLen) return false;
   const int ctas = short_cluster_ctas(p.row_len);
-  if (ctas > 1 && cluster_limit(p) < ctas) return false;
+  const int threads = short_cluster_threads(p.row_len);
+  if (ctas > 1 && cluster_limit(p, threads) < ctas) return false;
   if (choice == PathChoice::kCluster) return true;
+  if (threads == cuda::kWideClusterThreads) return p.batch * ctas <= sms;
   const bool wide = p.dtype != DType::kFloat32 && ctas >= 8;  // 16-bit, > 32K columns
   const std::int64_t max_ctas = (wide ? 4 : 2) * static_cast<std::int64_t>(sms);
   return ctas > 1 && p.batch * ctas <= max_ctas;
@@ -207,6 +214,7 @@ Launch make_launch(const TopkProblem& p) {
     // Rows in the registers of one cluster: one sampled threshold, one select, no rounds.
     plan.path = TopkPath::kCluster;
     plan.cluster_ctas = short_cluster_ctas(p.row_len);
+    plan.cluster_threads = short_cluster_threads(p.row_len);
     plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
   } else if (p.row_len <= cuda::kShortMaxLen) {
     // Rows that fit the registers of one CTA: one select, no rounds.
@@ -343,7 +351,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
   const TopkKernelParams params = make_params(p, l, ws);
 #if defined(ATTNKIT_LOG_LAUNCHES)
   std::fprintf(stderr,
-               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d cluster=%d "
+               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d cluster=%dx%d "
                "limit=%u smem=%zu\n",
                static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
                static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix    ? "radix"
@@ -355,7 +363,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
                : l.plan.policy == RowsPolicy::kNarrowHalfRound ? "narrow-half-round"
                : l.plan.policy == RowsPolicy::kTriple          ? "triple"
                                                                : "wide",
-               l.plan.slices, l.plan.cluster_ctas,
+               l.plan.slices, l.plan.cluster_ctas, l.plan.cluster_threads,
                l.plan.rows.limit,
                l.plan.rows.smem());
 #endif

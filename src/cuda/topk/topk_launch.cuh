@@ -71,11 +71,13 @@ constexpr int kArgmaxUnroll = 8;
 // Elements a k = 1 slice streams at least, when rows are cut for small batches.
 constexpr std::int64_t kArgmaxMinSlice = 4096;
 // Rows in registers: 8192 elements a CTA, 32 per thread (the short-row kernel, and per CTA of
-// the cluster kernel, which takes up to kMaxClusterCtas CTAs a row on sm_90).
+// the cluster kernel, which takes up to kMaxClusterCtas CTAs a row on sm_90, of 512 threads
+// for rows beyond kMaxClusterCtas * 8192 columns).
+using detail::kClusterMaxLen;
 using detail::kShortMaxLen;
 using detail::kShortPerThread;
 using detail::kShortThreads;
-constexpr std::int64_t kClusterMaxLen = kShortMaxLen * kMaxClusterCtas;
+using detail::kWideClusterThreads;
 // Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
 // Dynamic shared memory a CTA may take: 227 KB less the static part (per-warp histograms,
@@ -142,6 +144,7 @@ struct TopkPlan {
   std::int64_t batch = 0;
   int slices = 1;
   int cluster_ctas = 1;  // kCluster: CTAs per row
+  int cluster_threads = kShortThreads;  // kCluster: threads per CTA
   BufferPlan rows, merge;
   std::size_t cub_bytes = 0;  // radix path, sorted="value"
 };
@@ -267,6 +270,10 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     if (plan.cluster_ctas == 1) {
       launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
              kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
+    } else if (plan.cluster_threads == kWideClusterThreads) {
+      launch_clustered(topk_cluster_rows_kernel<Traits, kWideClusterThreads, kShortPerThread, true>,
+                       plan.batch, plan.cluster_ctas, kWideClusterThreads, smem, stream, p,
+                       "topk_cluster_rows_kernel<cluster, 512>");
     } else {
       launch_clustered(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>,
                        plan.batch, plan.cluster_ctas, kShortThreads, smem, stream, p,
@@ -293,13 +300,16 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   }
 }
 
-/// The largest cluster (CTAs per row, a power of two) the cluster kernel can run with on the
-/// current device: 1 before sm_90, or when the kernel's code on this device was not compiled
-/// for sm_90 or newer (ptxVersion: e.g. compute_80 PTX compiled at load time on a newer GPU,
-/// whose cluster primitives are single-CTA stand-ins).
+/// The largest cluster (CTAs per row) the cluster kernel with `threads`-thread CTAs
+/// (kShortThreads or kWideClusterThreads) can run with on the current device: 1 before sm_90,
+/// or when the kernel's code on this device was not compiled for sm_90 or newer (ptxVersion:
+/// e.g. compute_80 PTX compiled at load time on a newer GPU, whose cluster primitives are
+/// single-CTA stand-ins).
 template <class Traits>
-int max_cluster_ctas() {
-  auto kernel = topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>;
+int max_cluster_ctas(int threads) {
+  auto kernel = threads == kWideClusterThreads
+                    ? topk_cluster_rows_kernel<Traits, kWideClusterThreads, kShortPerThread, true>
+                    : topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>;
   cudaFuncAttributes attributes{};
   cuda_check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
   int device = 0, cluster_launch = 0;
@@ -311,8 +321,8 @@ int max_cluster_ctas() {
   }
   const std::size_t smem = kept_list_bytes(kMaxFilterK);  // the largest k's lists
   allow_clusters(kernel, smem, "cudaFuncSetAttribute");
-  for (int ctas = kMaxClusterCtas; ctas > 1; ctas /= 2) {
-    const ClusterConfig cluster(ctas, ctas, kShortThreads, smem, nullptr);
+  for (int ctas = kMaxClusterCtas; ctas > 1; --ctas) {
+    const ClusterConfig cluster(ctas, ctas, threads, smem, nullptr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cluster.config) == cudaSuccess &&
         clusters > 0) {

@@ -46,7 +46,6 @@
 
 namespace attnkit::detail::cuda {
 
-constexpr int kMaxClusterCtas = 16;  // non-portable cluster size on sm_90
 
 // Thread-block cluster primitives. The clustered kernel is only launched on sm_90 and newer;
 // other targets compile it with single-CTA stand-ins.
@@ -131,8 +130,11 @@ struct ClusterScratch {
   PivotState pivot;
 };
 
+// 256-thread CTAs two an SM; 512-thread ones (rows beyond 16 x 8192 columns) one, with the
+// same registers a thread.
 template <class Traits, int kThreads, int kPerThread, bool kClustered>
-__global__ void __launch_bounds__(kThreads, 2) topk_cluster_rows_kernel(const TopkKernelParams p) {
+__global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
+    topk_cluster_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));  // elements per 16-byte vector
   constexpr int kVecs = kPerThread / kVec;
