@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CUDA top-k kernel for rows of up to kMaxClusterCtas * 8192 columns, held in the
-// registers of one thread-block cluster (sm_90) that pools its histograms and counts through
-// distributed shared memory; one CTA per row elsewhere. Algorithm and measured numbers:
+// The CUDA top-k kernel for rows of up to kMaxClusterCtas CTAs of 8192 columns (256 threads)
+// or, beyond, of 16384 (512 threads), held in the registers of one thread-block cluster
+// (sm_90) that pools its histograms and counts through distributed shared memory; one CTA per
+// row elsewhere. Algorithm and measured numbers:
 // docs/topk.md ("Cluster kernel").
 //
 //   topk_cluster_rows_kernel  one cluster per row. Thread t of CTA r holds the kPerThread
