@@ -28,7 +28,8 @@ ATTNKIT_HD constexpr int short_cluster_threads(std::int64_t row_len) {
 }
 
 /// Threads per sampling thread: every thread samples in a lone CTA, every 2nd in a pair and
-/// every 4th in larger clusters, so that a row's sample holds 256 to 1024 elements.
+/// every 4th in larger clusters, so that a row's sample holds 256 to 1024 elements (up to 2048
+/// in clusters of 512-thread CTAs).
 ATTNKIT_HD constexpr int short_sample_every(int ctas) { return ctas >= 4 ? 4 : ctas; }
 
 /// The element (0 .. 31) that sampling thread `tid` of cluster CTA `rank` samples: offsets vary

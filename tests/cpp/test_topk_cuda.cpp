@@ -406,12 +406,13 @@ TEST_F(TopkCuda, SmallClusterEveryOption) {
   const std::int64_t ks[] = {7, 512, 4096};
   std::uint64_t seed = 5000;
   for (int variant = 0; variant < 18; ++variant) {
+    // Every length meets every k, dtype and order once.
     Case c;
-    c.dtype = dtypes[variant % 3];
+    c.n = lengths[variant % 6];
+    c.k = ks[variant / 6];
+    c.dtype = dtypes[(variant + variant / 6) % 3];
     c.order = orders[(variant / 3) % 3];
     c.batch = 1 + variant % 3;
-    c.n = lengths[(variant / 2) % 6];
-    c.k = ks[(variant / 4) % 3];
     c.dist = static_cast<Dist>(variant % kDists);
     set_variant_options(c, variant);
     c.ragged = variant % 3 != 0;
@@ -441,8 +442,8 @@ TEST_F(TopkCuda, SmallDistributions) {
 }
 
 // Rows longer than one CTA's registers (8192): clusters of 4 CTAs (20000 columns) on sm_90,
-// and the filter kernel's rounds, appends and repeated selects (140000 columns), on every
-// distribution.
+// and the filter kernel's rounds, appends and repeated selects (270000 columns, beyond every
+// cluster), on every distribution.
 TEST_F(TopkCuda, SmallDistributionsLongRows) {
   std::uint64_t seed = 4000;
   for (int d = 0; d < kDists; ++d) {
@@ -455,7 +456,7 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
         c.dist = static_cast<Dist>(d);
         c.batch = 3;
         const bool filter = (seed + static_cast<std::uint64_t>(d)) % 3 == 0;  // a third of the cases
-        c.n = filter ? 140000 : 20000 + static_cast<std::int64_t>(seed % 5);
+        c.n = filter ? 270000 : 20000 + static_cast<std::int64_t>(seed % 5);
         c.k = k;
         c.order = k == 300 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
         c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>(seed % 3);

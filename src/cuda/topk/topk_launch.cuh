@@ -70,9 +70,9 @@ constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxUnroll = 8;
 // Elements a k = 1 slice streams at least, when rows are cut for small batches.
 constexpr std::int64_t kArgmaxMinSlice = 4096;
-// Rows in registers: 8192 elements a CTA, 32 per thread (the short-row kernel, and per CTA of
-// the cluster kernel, which takes up to kMaxClusterCtas CTAs a row on sm_90, of 512 threads
-// for rows beyond kMaxClusterCtas * 8192 columns).
+// Rows in registers, 32 elements a thread: 8192 a CTA in the short-row kernel and in the
+// cluster kernel, which takes up to kMaxClusterCtas CTAs a row on sm_90, and 16384 a CTA (512
+// threads) for rows beyond kMaxClusterCtas * 8192 columns.
 using detail::kClusterMaxLen;
 using detail::kShortMaxLen;
 using detail::kShortPerThread;
