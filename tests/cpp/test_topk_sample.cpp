@@ -137,4 +137,15 @@ TEST(TopkSample, ShortSampleCountPerCta) {
   }
 }
 
+TEST(TopkSample, ShortSampledFollowsTheClusterLayout) {
+  // The planted columns must be the kernel's: thread 256 of a row holds columns 8192..8223 and
+  // samples element (256 * 11 + rank * 5) % 32. In a row of 131072 it is thread 0 of CTA 1
+  // (rank 1: element 5); beyond 16 x 8192 columns CTAs have 512 threads, so it is thread 256
+  // of CTA 0 (rank 0: element 0).
+  EXPECT_TRUE(short_sampled(8192 + 5, 131072));
+  EXPECT_FALSE(short_sampled(8192, 131072));
+  EXPECT_TRUE(short_sampled(8192, 151936));
+  EXPECT_FALSE(short_sampled(8192 + 5, 151936));
+}
+
 }  // namespace
