@@ -210,6 +210,14 @@ void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, s
   cuda_check_launch(name);
 }
 
+/// The clustered cluster kernel with CTAs of `threads` (kShortThreads or kWideClusterThreads).
+template <class Traits>
+auto clustered_rows_kernel(int threads) {
+  return threads == kWideClusterThreads
+             ? topk_cluster_rows_kernel<Traits, kWideClusterThreads, kShortPerThread, true>
+             : topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>;
+}
+
 /// The rows kernel of policy P.
 template <class Traits, class P>
 constexpr auto rows_kernel =
@@ -270,13 +278,9 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     if (plan.cluster_ctas == 1) {
       launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
              kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
-    } else if (plan.cluster_threads == kWideClusterThreads) {
-      launch_clustered(topk_cluster_rows_kernel<Traits, kWideClusterThreads, kShortPerThread, true>,
-                       plan.batch, plan.cluster_ctas, kWideClusterThreads, smem, stream, p,
-                       "topk_cluster_rows_kernel<cluster, 512>");
     } else {
-      launch_clustered(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>,
-                       plan.batch, plan.cluster_ctas, kShortThreads, smem, stream, p,
+      launch_clustered(clustered_rows_kernel<Traits>(plan.cluster_threads), plan.batch,
+                       plan.cluster_ctas, plan.cluster_threads, smem, stream, p,
                        "topk_cluster_rows_kernel<cluster>");
     }
     return;
@@ -307,9 +311,7 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
 /// single-CTA stand-ins).
 template <class Traits>
 int max_cluster_ctas(int threads) {
-  auto kernel = threads == kWideClusterThreads
-                    ? topk_cluster_rows_kernel<Traits, kWideClusterThreads, kShortPerThread, true>
-                    : topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>;
+  const auto kernel = clustered_rows_kernel<Traits>(threads);
   cudaFuncAttributes attributes{};
   cuda_check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
   int device = 0, cluster_launch = 0;

@@ -47,7 +47,6 @@
 
 namespace attnkit::detail::cuda {
 
-
 // Thread-block cluster primitives. The clustered kernel is only launched on sm_90 and newer;
 // other targets compile it with single-CTA stand-ins.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
