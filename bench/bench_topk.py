@@ -4,7 +4,10 @@
 What is measured: the GPU time of one top-k call, as the median over repeats of CUDA-event
 timings around a CUDA-graph replay of the call (so Python and launch overhead stay out, as in
 triton's do_bench_cudagraph), with the L2 cache flushed before every repeat by writing a
-256 MiB buffer. Every case is checked before it is timed: attnkit's indices must equal a
+256 MiB buffer and, by default (--flush clean), reading it back, so that L2 holds only clean
+lines of a buffer the call never touches. --flush write skips the read, as triton's do_bench
+does: L2 is then full of dirty lines that the timed call writes back to memory as its reads
+evict them, up to the L2's size (50 MiB on an H100/H200) of extra traffic. Every case is checked before it is timed: attnkit's indices must equal a
 stable-sort reference (lowest index wins ties) and its values the input bits.
 
 Effective bandwidth = (bytes of the valid input read once + bytes written) / time, the metric
@@ -15,7 +18,8 @@ sampling fp32 N = 129280 k in {1, 50, 1024, 4096}), return_values, and an input-
 (normal, DSA-like ReLU sums, ascending rows (the adversarial order for threshold filters),
 4-valued ties).
 
-Usage: python bench/bench_topk.py [--quick] [--json out.json] [--markdown out.md]
+Usage: python bench/bench_topk.py [--quick] [--flush clean|write] [--json out.json]
+                                 [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -78,8 +82,9 @@ def cases(quick: bool):
 class GraphTimer:
     """Times fn() by replaying a CUDA graph of it between two events, L2 flushed first."""
 
-    def __init__(self, fn, repeats: int):
+    def __init__(self, fn, repeats: int, clean_flush: bool = True):
         self.repeats = repeats
+        self.clean_flush = clean_flush
         self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -95,6 +100,8 @@ class GraphTimer:
         times = []
         for _ in range(self.repeats):
             self.flush.fill_(1)
+            if self.clean_flush:
+                self.flush.view(torch.int32).max()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             self.graph.replay()
@@ -153,7 +160,7 @@ def peers():
     return found
 
 
-def run(quick: bool, repeats: int):
+def run(quick: bool, repeats: int, clean_flush: bool = True):
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     available = peers()
@@ -178,14 +185,14 @@ def run(quick: bool, repeats: int):
             ours()
             torch.cuda.synchronize()
             check(x, k, end, out_v, out_i)
-            t_ours = GraphTimer(ours, repeats).median_us()
+            t_ours = GraphTimer(ours, repeats, clean_flush).median_us()
             xt = x if end is None else x.masked_fill(
                 torch.arange(n, device="cuda")[None, :] >= end[:, None], float("-inf"))
 
             def theirs():
                 torch.topk(xt, k, dim=1, sorted=False)
 
-            t_torch = GraphTimer(theirs, repeats).median_us()
+            t_torch = GraphTimer(theirs, repeats, clean_flush).median_us()
             bytes_moved = valid * x.element_size() + b * k * (4 + (x.element_size() if return_values else 0))
             row = {
                 "case": name, "pattern": pattern, "dtype": str(dtype).removeprefix("torch."),
@@ -217,6 +224,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--flush", choices=("clean", "write"), default="clean",
+                    help="L2 flush before each repeat: write a 256 MiB buffer and read it back "
+                         "(clean), or only write it (write, as triton's do_bench)")
     ap.add_argument("--json", help="write all rows as JSON here")
     ap.add_argument("--markdown", help="write the table as markdown here")
     args = ap.parse_args()
@@ -224,10 +234,11 @@ def main() -> int:
         print("bench_topk: needs a CUDA GPU", file=sys.stderr)
         return 2
     t0 = time.time()
-    rows = run(args.quick, args.repeats)
+    rows = run(args.quick, args.repeats, args.flush == "clean")
     prop = torch.cuda.get_device_properties(0)
     header = (f"GPU: {prop.name}, torch {torch.__version__}, attnkit {attnkit.__version__}; "
-              f"CUDA-graph replay timed with events, L2 flushed, median of {args.repeats}; "
+              f"CUDA-graph replay timed with events, L2 flushed ({args.flush}), "
+              f"median of {args.repeats}; "
               f"int32 indices, sorted='none', ties='lowest_index'")
     if args.json:
         with open(args.json, "w") as f:

@@ -2,13 +2,17 @@
 // C++ timing of attnkit::topk on CUDA with no Python in the loop, for quick kernel iterations
 // and for profilers (ncu/nsys see only the top-k kernels and an L2-flushing memset).
 //
-// Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [CASE ...]
+// Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [CASE ...]
 //   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
 //          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
 // Method: one call captured in a CUDA graph, replayed R times, each replay timed with events
-// after a 256 MiB memset that flushes L2; the median is printed with the effective bandwidth
-// (valid input bytes read once + output bytes) / time. Inputs are N(0,1) rows.
+// after L2 is flushed; the median is printed with the effective bandwidth (valid input bytes
+// read once + output bytes) / time. Inputs are N(0,1) rows. The flush writes a 256 MiB buffer
+// and, by default ("clean"), reads it back (an argmax over it), so that L2 holds only clean
+// lines of a buffer the call never touches. "write" skips the read, as triton's do_bench does:
+// L2 is then full of dirty lines, which the timed call has to write back to memory as its
+// reads evict them (up to the L2's size of extra traffic).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -81,6 +85,7 @@ const char* short_name(attnkit::DType d) {
 int main(int argc, char** argv) {
   int reps = 20;
   bool values = true;
+  bool clean_flush = true;
   std::vector<Case> list;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -88,6 +93,13 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--values" && i + 1 < argc) {
       values = std::atoi(argv[++i]) != 0;
+    } else if (a == "--flush" && i + 1 < argc) {
+      const std::string mode = argv[++i];
+      if (mode != "clean" && mode != "write") {
+        std::fprintf(stderr, "bad --flush '%s' (want clean or write)\n", mode.c_str());
+        return 2;
+      }
+      clean_flush = mode == "clean";
     } else {
       Case c{};
       if (!parse_case(a, c)) {
@@ -104,10 +116,30 @@ int main(int argc, char** argv) {
   cuda_ok(cudaMalloc(&flush, flush_bytes), "cudaMalloc(flush)");
   cudaStream_t stream;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const attnkit::Device gpu{attnkit::DeviceType::kCUDA, 0};
+
+  // The clean flush's read: an argmax over the buffer seen as fp32 [64, flush_bytes / 256].
+  attnkit::TopkTensors flush_read;
+  constexpr std::int64_t kFlushRows = 64;
+  flush_read.x = attnkit::TensorView::make(
+      flush, attnkit::DType::kFloat32, gpu,
+      {kFlushRows, static_cast<std::int64_t>(flush_bytes / 4) / kFlushRows});
+  void* flush_idx = nullptr;
+  cuda_ok(cudaMalloc(&flush_idx, kFlushRows * 4), "cudaMalloc(flush indices)");
+  flush_read.out_indices =
+      attnkit::TensorView::make(flush_idx, attnkit::DType::kInt32, gpu, {kFlushRows, 1});
+  attnkit::TopkOptions flush_opt;
+  flush_opt.k = 1;
+  std::size_t flush_ws_bytes = attnkit::topk_workspace_size(flush_read, flush_opt);
+  void* flush_ws = nullptr;
+  cuda_ok(cudaMalloc(&flush_ws, std::max<std::size_t>(flush_ws_bytes, 1)), "cudaMalloc(flush ws)");
+  auto flush_l2 = [&](int r) {
+    cuda_ok(cudaMemsetAsync(flush, r & 0xFF, flush_bytes, stream), "flush");
+    if (clean_flush) attnkit::topk(flush_ws, flush_ws_bytes, flush_read, flush_opt, stream);
+  };
   cudaEvent_t t0, t1;
   cuda_ok(cudaEventCreate(&t0), "cudaEventCreate");
   cuda_ok(cudaEventCreate(&t1), "cudaEventCreate");
-  const attnkit::Device gpu{attnkit::DeviceType::kCUDA, 0};
 
   std::printf("%-5s %6s %8s %5s %-6s %-6s %10s %8s\n", "dtype", "B", "N", "k", "causal", "values",
               "us", "TB/s");
@@ -162,7 +194,7 @@ int main(int argc, char** argv) {
     cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
     std::vector<float> us;
     for (int r = 0; r < reps; ++r) {
-      cuda_ok(cudaMemsetAsync(flush, r & 0xFF, flush_bytes, stream), "flush");
+      flush_l2(r);
       cuda_ok(cudaEventRecord(t0, stream), "record");
       cuda_ok(cudaGraphLaunch(exec, stream), "replay");
       cuda_ok(cudaEventRecord(t1, stream), "record");
