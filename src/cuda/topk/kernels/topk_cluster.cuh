@@ -330,13 +330,32 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
     kth = range_lo - 1u;  // everything from range_lo up is kept
   }
 
-  // 4. Kept: score > kth, or score == kth among the first `keep_equal` such in column order.
-  std::uint32_t greater = 0, equal = 0;
-  for_each(cand, [&](std::uint32_t bits, int) {
-    const std::uint32_t score = score_of<Traits>(bits, p.sp);
-    greater += score > kth;
-    equal += score == kth;
-  });
+  // 4. Kept: score > kth, or score == kth among the first `keep_equal` such in column order,
+  // as bit masks over the thread's columns. In the default case the packed comparison against
+  // the bounds of kth + 1 and kth decides them exactly, with no loop over the candidates (whose
+  // length varies from lane to lane); elsewhere each candidate's score is tested.
+  std::uint32_t above = 0, at_kth = 0;
+  {
+    Prefilter<Traits> gt, ge;
+    gt.set(kth, p.sp);
+    ge.set(keep_equal > 0 ? kth - 1u : kth, p.sp);  // kth > the floor >= 0 when ties count
+    if (gt.exact && (keep_equal == 0 || ge.exact)) {
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q) {
+        above |= gt.vector_may_pass_bits(v[q]) << (q * kVec);
+        if (keep_equal > 0) at_kth |= ge.vector_may_pass_bits(v[q]) << (q * kVec);
+      }
+      above &= cand;  // every element above kth (>= the floor) is a candidate
+      at_kth &= cand & ~above;
+    } else {
+      for_each(cand, [&](std::uint32_t bits, int i) {
+        const std::uint32_t score = score_of<Traits>(bits, p.sp);
+        above |= static_cast<std::uint32_t>(score > kth) << i;
+        at_kth |= static_cast<std::uint32_t>(score == kth && keep_equal > 0) << i;
+      });
+    }
+  }
+  const std::uint32_t greater = __popc(above), equal = __popc(at_kth);
   std::uint32_t cta_total;
   const std::uint32_t before =
       block_exclusive_sum<kThreads>((greater << 16) | equal, s.pivot.warp_totals, cta_total);
@@ -360,20 +379,23 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
     kept_total = all_greater + min(all_equal, keep_equal);
   }
   std::uint32_t pos = greater_before + min(equal_before, keep_equal);
-  auto for_each_kept = [&](auto&& fn) {
-    for_each(cand, [&](std::uint32_t bits, int i) {
-      const std::uint32_t score = score_of<Traits>(bits, p.sp);
-      const bool is_equal = score == kth;
-      if (score > kth || (is_equal && equal_before < keep_equal)) fn(bits, score, i);
-      equal_before += is_equal;
-    });
-  };
+  // The ties this thread keeps: the first keep_equal - equal_before of at_kth, in column order.
+  const std::uint32_t ties = keep_equal > equal_before ? keep_equal - equal_before : 0u;
+  if (ties < equal) {  // at most one thread of the row keeps some of its ties but not all
+    std::uint32_t first = 0;
+    for (std::uint32_t t = 0; t < ties; ++t) {
+      first |= at_kth & (0u - at_kth);
+      at_kth &= at_kth - 1u;
+    }
+    at_kth = first;
+  }
+  const std::uint32_t kept = above | at_kth;
   if (!p.sort_by_value) {
     // Column order is the output order: every CTA writes its kept elements in place, and CTA 0
     // the padding.
     const std::int64_t offset =
         load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
-    for_each_kept([&](std::uint32_t bits, std::uint32_t, int i) {
+    for_each(kept, [&](std::uint32_t bits, int i) {
       write_slot_bits<Traits>(p, b, pos++, true, static_cast<std::uint32_t>(c0 + i), offset, bits);
     });
     if (rank == 0) {
@@ -384,8 +406,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
     return;
   }
   // sorted="value": the kept elements go to CTA 0, which sorts them.
-  for_each_kept([&](std::uint32_t, std::uint32_t score, int i) {
-    cluster_store(smem + pos, 0, score);
+  for_each(kept, [&](std::uint32_t bits, int i) {
+    cluster_store(smem + pos, 0, score_of<Traits>(bits, p.sp));
     cluster_store(smem + p.survivor_slots + pos, 0, static_cast<std::uint32_t>(c0 + i));
     ++pos;
   });
