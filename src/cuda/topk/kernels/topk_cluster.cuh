@@ -22,10 +22,11 @@
 //        fp32, fewer when the pivot's bin is kept whole. If fewer than k candidates beat the
 //        floor (the sample overestimated the row), every valid element becomes a candidate
 //        and the passes start over: the result never depends on the sample, only the time.
-//     4. Kept: score > K, or score == K among the first `need` such in column order. A block
-//        scan of packed (greater, equal) counts and an exchange of the CTAs' totals place each
-//        kept element; for sorted="none"/"index" every CTA writes its own to the outputs, for
-//        sorted="value" they go to CTA 0, which sorts them and writes the outputs.
+//     4. Kept: score > K, or score == K among the first `need` such in column order, as bit
+//        masks from packed comparisons (no loop over candidates, whose count varies by lane).
+//        A block scan of packed (greater, equal) counts and an exchange of the CTAs' totals
+//        place each kept element; for sorted="none"/"index" every CTA writes its own to the
+//        outputs, for sorted="value" they go to CTA 0, which sorts them and writes the outputs.
 //   Pooling: every CTA counts into a private histogram, then adds the nonzero bins to CTA 0's
 //   histogram of the pass (one remote addition a bin: adding to every CTA's copy cost 16 and
 //   most of a pass, run 26); after a cluster barrier CTA 0 finds the pivot and stores it in
