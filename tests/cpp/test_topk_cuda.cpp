@@ -421,6 +421,45 @@ TEST_F(TopkCuda, SmallClusterEveryOption) {
   }
 }
 
+// The cluster kernel's kept elements at the k-th score: ties that end inside a later CTA (the
+// packed comparisons decide the masks, and one thread keeps only some of its ties), a k-th at
+// a NaN's or at +inf's score (each candidate's score is tested instead), and smallest-first
+// rows with NaNs that end before k (everything valid is kept).
+TEST_F(TopkCuda, SmallClusterKthTies) {
+  std::uint64_t seed = 7000;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    Case ties;  // 4 values over 20000 columns: the top value's 4096th copy lies in CTA 2
+    ties.dtype = dtype;
+    ties.batch = 2;
+    ties.n = 20000;
+    ties.k = 4096;
+    ties.dist = Dist::kTies;
+    ties.seed = seed++;
+    check_case(ties);
+    for (std::int64_t k : {1000, 3000}) {  // 1/8 NaN, 1/16 +inf: the k-th is a NaN, then +inf
+      Case c;
+      c.dtype = dtype;
+      c.batch = 2;
+      c.n = 20000;
+      c.k = k;
+      c.dist = Dist::kSpecials;
+      c.order = k == 1000 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
+      c.seed = seed++;
+      check_case(c);
+    }
+    Case smallest;
+    smallest.dtype = dtype;
+    smallest.batch = 8;
+    smallest.n = 20000;
+    smallest.k = 4096;
+    smallest.dist = Dist::kSpecials;
+    smallest.largest = false;
+    smallest.ragged = true;
+    smallest.seed = seed++;
+    check_case(smallest);
+  }
+}
+
 TEST_F(TopkCuda, SmallDistributions) {
   std::uint64_t seed = 500;
   for (int d = 0; d < kDists; ++d) {

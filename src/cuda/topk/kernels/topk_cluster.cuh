@@ -382,13 +382,13 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
   std::uint32_t pos = greater_before + min(equal_before, keep_equal);
   // The ties this thread keeps: the first keep_equal - equal_before of at_kth, in column order.
   const std::uint32_t ties = keep_equal > equal_before ? keep_equal - equal_before : 0u;
-  if (ties < equal) {  // at most one thread of the row keeps some of its ties but not all
-    std::uint32_t first = 0;
+  if (ties < equal) {  // threads past the last kept tie keep none; one may keep some
+    std::uint32_t kept_ties = 0;
     for (std::uint32_t t = 0; t < ties; ++t) {
-      first |= at_kth & (0u - at_kth);
+      kept_ties |= at_kth & (0u - at_kth);
       at_kth &= at_kth - 1u;
     }
-    at_kth = first;
+    at_kth = kept_ties;
   }
   const std::uint32_t kept = above | at_kth;
   if (!p.sort_by_value) {
