@@ -7,8 +7,9 @@ triton's do_bench_cudagraph), with the L2 cache flushed before every repeat by w
 256 MiB buffer and, by default (--flush clean), reading it back, so that L2 holds only clean
 lines of a buffer the call never touches. --flush write skips the read, as triton's do_bench
 does: L2 is then full of dirty lines that the timed call writes back to memory as its reads
-evict them, up to the L2's size (50 MiB on an H100/H200) of extra traffic. Every case is checked before it is timed: attnkit's indices must equal a
-stable-sort reference (lowest index wins ties) and its values the input bits.
+evict them, up to the L2's size (50 MiB on an H100/H200) of extra traffic. Every case is
+checked before it is timed: attnkit's indices must equal a stable-sort reference (lowest index
+wins ties) and its values the input bits.
 
 Effective bandwidth = (bytes of the valid input read once + bytes written) / time, the metric
 DeepSelect reports; the H200's measured read ceiling is ~4.2 TB/s.
