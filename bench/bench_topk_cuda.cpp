@@ -2,13 +2,15 @@
 // C++ timing of attnkit::topk on CUDA with no Python in the loop, for quick kernel iterations
 // and for profilers (ncu/nsys see only the top-k kernels and an L2-flushing memset).
 //
-// Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [CASE ...]
+// Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S] [CASE ...]
 //   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
 //          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
 // Method: one call captured in a CUDA graph, replayed R times, each replay timed with events
 // after L2 is flushed; the median is printed with the effective bandwidth (valid input bytes
-// read once + output bytes) / time. Inputs are N(0,1) rows. The flush writes a 256 MiB buffer
+// read once + output bytes) / time. Inputs are N(0,1) rows drawn from a generator seeded with S
+// (default 42): the cluster kernel's pass count depends on the data, so a single row's time is
+// worth comparing across several seeds. The flush writes a 256 MiB buffer
 // and, by default ("clean"), reads it back (an argmax over it), so that L2 holds only clean
 // lines of a buffer the call never touches. "write" skips the read, as triton's do_bench does:
 // L2 is then full of dirty lines, which the timed call has to write back to memory as its
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool values = true;
   bool clean_flush = true;
+  std::uint64_t seed = 42;
   std::vector<Case> list;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -100,6 +103,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       clean_flush = mode == "clean";
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
     } else {
       Case c{};
       if (!parse_case(a, c)) {
@@ -146,7 +151,7 @@ int main(int argc, char** argv) {
   for (const Case& c : list) {
     const std::size_t elem = attnkit::dtype_size(c.dtype);
     std::vector<std::uint8_t> host(static_cast<std::size_t>(c.batch * c.n) * elem);
-    std::mt19937_64 rng(42);
+    std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal;
     for (std::size_t i = 0; i < host.size() / elem; ++i) {
       const float v = normal(rng);
