@@ -38,6 +38,7 @@ struct PivotState {
   std::uint32_t need;        // need less the count of the digits above it
   std::uint32_t count;       // the digit's own count
   std::uint32_t candidates;  // the histogram's total
+  std::uint32_t top;         // the highest nonzero digit (find_pivot_digit with kFindTop)
 };
 
 struct ShortScratch {
@@ -48,9 +49,10 @@ struct ShortScratch {
 /// Finds, in hist[lowest..kBins) (counts by digit), the digit D holding the need-th best: the
 /// candidates of digits above D number fewer than need, those of digits >= D at least need.
 /// Leaves D, need minus the count above D and D's count in s.digit / s.need / s.count
-/// (untouched when the total is below need), and the total in s.candidates. Every thread must
-/// call it; the histogram must be complete (barrier before). Ends with a barrier.
-template <int kThreads, int kBins>
+/// (untouched when the total is below need), and the total in s.candidates; with kFindTop also
+/// the highest nonzero digit in s.top (untouched when the total is 0). Every thread must call
+/// it; the histogram must be complete (barrier before). Ends with a barrier.
+template <int kThreads, int kBins, bool kFindTop = false>
 __device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, std::uint32_t need,
                                  int lowest = 0) {
   constexpr int kPer = kBins > kThreads ? kBins / kThreads : 1;  // digits a thread owns
@@ -74,6 +76,14 @@ __device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, std::
   for (int i = 0; i < kPer; ++i) count += c[i];
   std::uint32_t total;
   std::uint32_t above = block_exclusive_sum<kThreads>(count, s.warp_totals, total);
+  if constexpr (kFindTop) {
+    if (above == 0 && count > 0) {  // the one thread owning the highest nonzero digit
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (c[i] > 0) s.top = static_cast<std::uint32_t>(top - kPer + i);
+      }
+    }
+  }
   if (above < need && need <= above + count) {
 #pragma unroll
     for (int i = kPer - 1; i >= 0; --i) {  // c[kPer - 1] is this thread's top digit
