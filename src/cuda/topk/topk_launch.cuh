@@ -29,8 +29,9 @@ template <int kThreadsV, int kPrefetchV, int kMinBlocksV, int kUV>
 struct FilterPolicy {
   static constexpr int kThreads = kThreadsV;
   // 16-byte vectors per thread in flight: four (64 bytes a thread, 32 KB an SM at two CTAs)
-  // cover the DRAM latency at the per-SM share of bandwidth within 128 registers a thread;
-  // the ragged-row policy keeps two (24 KB an SM at three CTAs) within 80.
+  // cover the DRAM latency at the per-SM share of bandwidth within 128 registers a thread
+  // (eight, two rounds ahead, were 0.90-0.99x on B=256 rows, run 87; twelve spill); the
+  // ragged-row policy keeps two (24 KB an SM at three CTAs) within 80 (four spill).
   static constexpr int kPrefetch = kPrefetchV;
   static constexpr int kMinBlocks = kMinBlocksV;  // CTAs per SM the registers must allow
   static constexpr int kU = kUV;                  // 16-byte vectors per thread per round
