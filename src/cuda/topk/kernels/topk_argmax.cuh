@@ -34,7 +34,19 @@ template <class Traits>
 __device__ void write_argmax(const TopkKernelParams& p, std::int64_t b, std::uint64_t best) {
   const std::int64_t offset =
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
-  write_slot<Traits>(p, b, 0, best != 0, 0xFFFFFFFFu - static_cast<std::uint32_t>(best), offset);
+  const bool real = best != 0;
+  const std::uint32_t col = 0xFFFFFFFFu - static_cast<std::uint32_t>(best);
+  // The value follows from the best score (bits_of_score), as in write_kept: only zeros and
+  // NaNs, whose scores several bit patterns share, are read back from x, so the launch's last
+  // thread does not wait on a load before its stores.
+  bool unique;
+  const std::uint32_t bits =
+      bits_of_score<Traits>(static_cast<std::uint32_t>(best >> 32), p.sp, unique);
+  if (unique || !real) {
+    write_slot_bits<Traits>(p, b, 0, real, col, offset, bits);
+  } else {
+    write_slot<Traits>(p, b, 0, real, col, offset);
+  }
 }
 
 template <class Traits, int kThreads, int kUnroll>
