@@ -36,17 +36,14 @@ __device__ void write_argmax(const TopkKernelParams& p, std::int64_t b, std::uin
       load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
   const bool real = best != 0;
   const std::uint32_t col = 0xFFFFFFFFu - static_cast<std::uint32_t>(best);
-  // The value follows from the best score (bits_of_score), as in write_kept: only zeros and
-  // NaNs, whose scores several bit patterns share, are read back from x, so the launch's last
-  // thread does not wait on a load before its stores.
-  bool unique;
+  // The value from the best score, so the launch's last thread stores without waiting on a
+  // load (kept_value_bits).
+  const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
   const std::uint32_t bits =
-      bits_of_score<Traits>(static_cast<std::uint32_t>(best >> 32), p.sp, unique);
-  if (unique || !real) {
-    write_slot_bits<Traits>(p, b, 0, real, col, offset, bits);
-  } else {
-    write_slot<Traits>(p, b, 0, real, col, offset);
-  }
+      real && p.values != nullptr
+          ? kept_value_bits<Traits>(row, static_cast<std::uint32_t>(best >> 32), col, p.sp)
+          : 0u;
+  write_slot_bits<Traits>(p, b, 0, real, col, offset, bits);
 }
 
 template <class Traits, int kThreads, int kUnroll>

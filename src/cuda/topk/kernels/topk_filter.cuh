@@ -689,6 +689,18 @@ __device__ __forceinline__ void write_slot(const TopkKernelParams& p, std::int64
   write_slot_bits<Traits>(p, b, j, real, col, offset, bits);
 }
 
+/// The bits of the value whose score is `score` in row `row`: from the score (bits_of_score),
+/// or read back from the row at `col` for zeros and NaNs, whose scores several bit patterns
+/// share, so that -0.0 and NaN payloads survive while most values skip the load's latency.
+template <class Traits>
+__device__ __forceinline__ std::uint32_t kept_value_bits(const typename Traits::Bits* row,
+                                                         std::uint32_t score, std::uint32_t col,
+                                                         const ScoreParams& sp) {
+  bool unique;
+  const std::uint32_t bits = bits_of_score<Traits>(score, sp, unique);
+  return unique ? bits : row[col];
+}
+
 /// Writes the n kept slots of row b: indices as Index, values (when returned) from the scores
 /// (bits_of_score); only zeros and NaNs, whose scores several bit patterns share, are read back
 /// from x, so most slots skip that load's latency. 32-bit slot numbers and row pointers set up
@@ -708,9 +720,7 @@ __device__ __forceinline__ void write_kept(const TopkKernelParams& p, std::int64
       indices[j] = offset_index32(col, offset);
     }
     if (values != nullptr) {
-      bool unique;
-      const std::uint32_t bits = bits_of_score<Traits>(c.key[j], p.sp, unique);
-      values[j] = static_cast<Bits>(unique ? bits : row[col]);
+      values[j] = static_cast<Bits>(kept_value_bits<Traits>(row, c.key[j], col, p.sp));
     }
   }
 }
