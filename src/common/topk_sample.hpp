@@ -22,9 +22,16 @@ inline constexpr int kWideClusterThreads = 512;
 inline constexpr std::int64_t kClusterMaxLen =
     std::int64_t{kWideClusterThreads} * kShortPerThread * kMaxClusterCtas;
 
+/// Rows of more than kWideChoiceLen columns, up to kMaxClusterCtas * kShortMaxLen, may also run
+/// with 512-thread CTAs, half as many a row: the dispatch takes them (`wide`) for batches of
+/// 16-bit rows whose 16-CTA clusters would not all be resident one CTA an SM.
+inline constexpr std::int64_t kWideChoiceLen = kShortMaxLen * kMaxClusterCtas / 2;
+
 /// Threads per CTA the cluster kernel runs a row of `row_len` columns with.
-ATTNKIT_HD constexpr int short_cluster_threads(std::int64_t row_len) {
-  return row_len > kShortMaxLen * kMaxClusterCtas ? kWideClusterThreads : kShortThreads;
+ATTNKIT_HD constexpr int short_cluster_threads(std::int64_t row_len, bool wide = false) {
+  return row_len > kShortMaxLen * kMaxClusterCtas || (wide && row_len > kWideChoiceLen)
+             ? kWideClusterThreads
+             : kShortThreads;
 }
 
 /// Threads per sampling thread: every thread samples in a lone CTA, every 2nd in a pair and
@@ -39,10 +46,10 @@ ATTNKIT_HD constexpr int short_sample_element(int tid, int rank) {
 }
 
 /// CTAs per row the kernel runs a row of `row_len` columns with: a power of two up to
-/// kMaxClusterCtas * kShortMaxLen columns, beyond as many 512-thread CTAs as the row fills (a
-/// 151936-column row takes 10, not 16).
-ATTNKIT_HD constexpr int short_cluster_ctas(std::int64_t row_len) {
-  if (short_cluster_threads(row_len) == kWideClusterThreads) {
+/// kMaxClusterCtas * kShortMaxLen columns (`wide`: 8 beyond kWideChoiceLen), beyond as many
+/// 512-thread CTAs as the row fills (a 151936-column row takes 10, not 16).
+ATTNKIT_HD constexpr int short_cluster_ctas(std::int64_t row_len, bool wide = false) {
+  if (short_cluster_threads(row_len, wide) == kWideClusterThreads) {
     constexpr std::int64_t per_cta = std::int64_t{kWideClusterThreads} * kShortPerThread;
     return static_cast<int>((row_len + per_cta - 1) / per_cta);
   }
@@ -51,13 +58,21 @@ ATTNKIT_HD constexpr int short_cluster_ctas(std::int64_t row_len) {
   return ctas;
 }
 
-/// Whether column `col` (counted from the row's `begin`) is sampled in a row of `row_len`.
-ATTNKIT_HD constexpr bool short_sampled(std::int64_t col, std::int64_t row_len) {
-  const int ctas = short_cluster_ctas(row_len), threads = short_cluster_threads(row_len);
+/// Whether column `col` (counted from the row's `begin`) is sampled in a row of `row_len` laid
+/// out with 512-thread CTAs (`wide`) or not.
+ATTNKIT_HD constexpr bool short_sampled_in(std::int64_t col, std::int64_t row_len, bool wide) {
+  const int ctas = short_cluster_ctas(row_len, wide);
+  const int threads = short_cluster_threads(row_len, wide);
   const auto thread = static_cast<int>(col / kShortPerThread);
   const int tid = thread % threads, rank = thread / threads;
   return tid % short_sample_every(ctas) == 0 &&
          col % kShortPerThread == short_sample_element(tid, rank);
+}
+
+/// Whether column `col` of a row of `row_len` is sampled in either layout the dispatch may
+/// take for it.
+ATTNKIT_HD constexpr bool short_sampled(std::int64_t col, std::int64_t row_len) {
+  return short_sampled_in(col, row_len, false) || short_sampled_in(col, row_len, true);
 }
 
 /// Threads of a filter CTA that sample its range, one 16-byte vector each, and the fewest

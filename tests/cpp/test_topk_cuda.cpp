@@ -421,6 +421,29 @@ TEST_F(TopkCuda, SmallClusterEveryOption) {
   }
 }
 
+// Batches of 8-15 16-bit rows of 64K-128K columns take clusters of 8 512-thread CTAs on an
+// H200 (dispatch.cu, wide_batch_clusters; elsewhere whatever fits): rows that end inside any
+// CTA, and rows whose planted best values sit where either layout samples.
+TEST_F(TopkCuda, SmallClusterWideBatches) {
+  const attnkit::TopkOrder orders[] = {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kIndex,
+                                       attnkit::TopkOrder::kValue};
+  const Dist dists[] = {Dist::kSampleBait, Dist::kTies, Dist::kSpecials, Dist::kNormal};
+  const std::int64_t ks[] = {7, 512, 4096};
+  std::uint64_t seed = 7500;
+  for (int variant = 0; variant < 6; ++variant) {
+    Case c;
+    c.dtype = variant % 2 == 0 ? DType::kBFloat16 : DType::kFloat16;
+    c.batch = variant < 3 ? 10 : 8;
+    c.n = variant % 3 == 0 ? 100000 : 131072;
+    c.k = ks[variant % 3];
+    c.order = orders[(variant + 1) % 3];
+    c.dist = dists[variant % 4];
+    c.ragged = variant % 2 == 1;
+    c.seed = seed++;
+    check_case(c);
+  }
+}
+
 // The cluster kernel's kept elements at the k-th score: ties that end inside a later CTA (the
 // packed comparisons decide the masks, and one thread keeps only some of its ties), a k-th at
 // a NaN's or at +inf's score (each candidate's score is tested instead), and smallest-first

@@ -22,6 +22,7 @@ using attnkit::detail::kFilterSampleMinVectors;
 using attnkit::detail::kFilterSampleThreads;
 using attnkit::detail::kShortMaxLen;
 using attnkit::detail::short_sampled;
+using attnkit::detail::short_sampled_in;
 
 TEST(TopkSample, FilterSampleOnePerStretchInsideTheRange) {
   for (std::int64_t vectors : {kFilterSampleMinVectors, kFilterSampleMinVectors + 1,
@@ -126,14 +127,18 @@ TEST(TopkSample, ShortSampleCountPerCta) {
   // A lone CTA samples with every thread, clusters of 2 with every 2nd, larger with every 4th:
   // 256 samples a CTA, 128 or 64 in clusters; 128 a 512-thread CTA of 16384 columns (rows
   // beyond 16 x 8192), again 64 per 8192 columns.
-  for (std::int64_t n : {std::int64_t{8192}, std::int64_t{16384}, std::int64_t{20003},
-                         std::int64_t{131072}, std::int64_t{151936}, std::int64_t{262144}}) {
-    std::int64_t count = 0;
-    for (std::int64_t c = 0; c < n; ++c) count += short_sampled(c, n) ? 1 : 0;
-    const std::int64_t ctas = (n + kShortMaxLen - 1) / kShortMaxLen;
-    EXPECT_GT(count, 0) << "n=" << n;
-    EXPECT_LE(count, 256 * ctas) << "n=" << n;
-    EXPECT_GE(count, 256 / 4 * (n / kShortMaxLen)) << "n=" << n;
+  // The same holds for the 512-thread layout of rows of 64K-128K columns (`wide`).
+  for (bool wide : {false, true}) {
+    for (std::int64_t n : {std::int64_t{8192}, std::int64_t{16384}, std::int64_t{20003},
+                           std::int64_t{65543}, std::int64_t{131072}, std::int64_t{151936},
+                           std::int64_t{262144}}) {
+      std::int64_t count = 0;
+      for (std::int64_t c = 0; c < n; ++c) count += short_sampled_in(c, n, wide) ? 1 : 0;
+      const std::int64_t ctas = (n + kShortMaxLen - 1) / kShortMaxLen;
+      EXPECT_GT(count, 0) << "n=" << n << " wide=" << wide;
+      EXPECT_LE(count, 256 * ctas) << "n=" << n << " wide=" << wide;
+      EXPECT_GE(count, 256 / 4 * (n / kShortMaxLen)) << "n=" << n << " wide=" << wide;
+    }
   }
 }
 
@@ -142,10 +147,19 @@ TEST(TopkSample, ShortSampledFollowsTheClusterLayout) {
   // samples element (256 * 11 + rank * 5) % 32. In a row of 131072 it is thread 0 of CTA 1
   // (rank 1: element 5); beyond 16 x 8192 columns CTAs have 512 threads, so it is thread 256
   // of CTA 0 (rank 0: element 0).
+  EXPECT_TRUE(short_sampled_in(8192 + 5, 131072, false));
+  EXPECT_FALSE(short_sampled_in(8192, 131072, false));
+  EXPECT_TRUE(short_sampled_in(8192, 151936, false));
+  EXPECT_FALSE(short_sampled_in(8192 + 5, 151936, false));
+  // A row of 131072 in 512-thread CTAs (8 a row): thread 256 of CTA 0, element 0. The planted
+  // columns (short_sampled) cover both layouts; rows of 64K columns or fewer have only one.
+  EXPECT_TRUE(short_sampled_in(8192, 131072, true));
+  EXPECT_FALSE(short_sampled_in(8192 + 5, 131072, true));
+  EXPECT_TRUE(short_sampled(8192, 131072));
   EXPECT_TRUE(short_sampled(8192 + 5, 131072));
-  EXPECT_FALSE(short_sampled(8192, 131072));
-  EXPECT_TRUE(short_sampled(8192, 151936));
-  EXPECT_FALSE(short_sampled(8192 + 5, 151936));
+  for (std::int64_t c = 0; c < 65536; ++c) {
+    ASSERT_EQ(short_sampled_in(c, 65536, true), short_sampled_in(c, 65536, false)) << c;
+  }
 }
 
 }  // namespace

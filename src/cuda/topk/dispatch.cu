@@ -31,6 +31,7 @@ namespace attnkit::detail::cuda {
   extern template void launch_ranked<Traits>(const TopkPlan&, const TopkKernelParams&,       \
                                              const std::uint64_t*, cudaStream_t);            \
   extern template int max_cluster_ctas<Traits>(int);                                        \
+  extern template int resident_wide_clusters<Traits>(int);                                  \
   extern template int triple_ctas_per_sm<Traits>();
 ATTNKIT_TOPK_EXTERN(Float32Traits)
 ATTNKIT_TOPK_EXTERN(BFloat16Traits)
@@ -96,6 +97,30 @@ int cluster_limit(const TopkProblem& p, int threads) {
   });
 }
 
+/// Whether a batch of 16-bit rows of kWideChoiceLen to 16 x 8192 columns takes clusters of 8
+/// CTAs of 512 threads instead of 16 of 256. Where the 16-CTA clusters do not all fit one CTA
+/// an SM (an H200 holds seven, run 89: B=7 x 128K bf16 k=512 11.26 us, B=8 12.29, the eighth
+/// cluster sharing SMs with another) but the 8-CTA ones do (fifteen), the wider CTAs measured
+/// 1.02-1.18x faster (run 91: B=8 12.45 -> 11.84 us, B=15 14.72 -> 12.45). Where both fit, the
+/// narrow ones win (run 90, B=1: 10.98 against 11.71 us); fp32 rows keep them too (runs 90-91:
+/// k=50 0.92-0.98x, k >= 1024 1.03-1.08x).
+bool wide_batch_clusters(const TopkProblem& p) {
+  if (p.dtype == DType::kFloat32 || p.row_len <= kWideChoiceLen ||
+      p.row_len > kShortMaxLen * kMaxClusterCtas ||
+      cluster_limit(p, cuda::kWideClusterThreads) < kMaxClusterCtas) {
+    return false;
+  }
+  static PerDeviceDtype narrow_fit, wide_fit;
+  const int ctas = short_cluster_ctas(p.row_len, true);
+  const int narrow = narrow_fit.get(p, 0, [](auto traits) {
+    return cuda::resident_wide_clusters<decltype(traits)>(kMaxClusterCtas);
+  });
+  const int wide = wide_fit.get(p, 0, [ctas](auto traits) {
+    return cuda::resident_wide_clusters<decltype(traits)>(ctas);
+  });
+  return p.batch > narrow && p.batch <= wide;
+}
+
 /// Whether the ragged-row policy keeps three CTAs an SM for this dtype on this device.
 bool triple_fits_three(const TopkProblem& p) {
   static PerDeviceDtype cache;
@@ -126,21 +151,23 @@ PathChoice path_choice() {
 /// 16-bit rows of more than 32K columns (B=32 x 128K: 1.2-1.5x faster than the filter kernel,
 /// B=64 x 64K: 1.1-1.3x). fp32 rows need more passes, and shorter rows keep the filter
 /// kernel's slices busy, so there the cluster kernel lost beyond two CTAs an SM (0.86-0.90x).
-/// Rows beyond 16 x 8192 columns take 512-thread CTAs, one an SM, while B x CTAs <= SMs. Not
-/// every such grid is resident at once (a cluster stays within one GPC: an H200 holds seven
-/// clusters of ten or thirteen such CTAs), but two waves still beat the filter kernel: 8 x
+/// Rows beyond 16 x 8192 columns (and the batches wide_batch_clusters picks) take 512-thread
+/// CTAs, one an SM, while B x CTAs <= SMs. Not every such grid is resident at once (a cluster
+/// stays within one GPC: an H200 holds seven clusters of ten or thirteen such CTAs), but two
+/// waves still beat the filter kernel: 8 x
 /// 151936 fp32 k=50 31.7 us against 33.0-33.2, 8 x 202048 k=1024 39.1 against 56.4 (runs 72,
 /// 75).
 bool use_cluster_kernel(const TopkProblem& p, int sms) {
   const PathChoice choice = path_choice();
   if (choice == PathChoice::kFilter || p.row_len > cuda::kClusterMaxLen) return false;
-  const int ctas = short_cluster_ctas(p.row_len);
-  const int threads = short_cluster_threads(p.row_len);
+  const bool wide = wide_batch_clusters(p);
+  const int ctas = short_cluster_ctas(p.row_len, wide);
+  const int threads = short_cluster_threads(p.row_len, wide);
   if (ctas > 1 && cluster_limit(p, threads) < ctas) return false;
   if (choice == PathChoice::kCluster) return true;
   if (threads == cuda::kWideClusterThreads) return p.batch * ctas <= sms;
-  const bool wide = p.dtype != DType::kFloat32 && ctas >= 8;  // 16-bit, > 32K columns
-  const std::int64_t max_ctas = (wide ? 4 : 2) * static_cast<std::int64_t>(sms);
+  const bool four = p.dtype != DType::kFloat32 && ctas >= 8;  // 16-bit, > 32K columns
+  const std::int64_t max_ctas = (four ? 4 : 2) * static_cast<std::int64_t>(sms);
   return ctas > 1 && p.batch * ctas <= max_ctas;
 }
 
@@ -216,8 +243,9 @@ Launch make_launch(const TopkProblem& p) {
   } else if (use_cluster_kernel(p, sms)) {
     // Rows in the registers of one cluster: one sampled threshold, one select, no rounds.
     plan.path = TopkPath::kCluster;
-    plan.cluster_ctas = short_cluster_ctas(p.row_len);
-    plan.cluster_threads = short_cluster_threads(p.row_len);
+    const bool wide = wide_batch_clusters(p);
+    plan.cluster_ctas = short_cluster_ctas(p.row_len, wide);
+    plan.cluster_threads = short_cluster_threads(p.row_len, wide);
     plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
   } else if (p.row_len <= cuda::kShortMaxLen) {
     // Rows that fit the registers of one CTA: one select, no rounds.

@@ -73,7 +73,8 @@ constexpr int kArgmaxUnroll = 8;
 constexpr std::int64_t kArgmaxMinSlice = 4096;
 // Rows in registers, 32 elements a thread: 8192 a CTA in the short-row kernel and in the
 // cluster kernel, which takes up to kMaxClusterCtas CTAs a row on sm_90, and 16384 a CTA (512
-// threads) for rows beyond kMaxClusterCtas * 8192 columns.
+// threads) for rows beyond kMaxClusterCtas * 8192 columns and for some batches of shorter
+// 16-bit rows (dispatch.cu, wide_batch_clusters).
 using detail::kClusterMaxLen;
 using detail::kShortMaxLen;
 using detail::kShortPerThread;
@@ -334,6 +335,24 @@ int max_cluster_ctas(int threads) {
     (void)cudaGetLastError();  // an unsupported size is an answer, not an error
   }
   return 1;
+}
+
+/// How many clusters of `ctas` 512-thread CTAs of the cluster kernel this device keeps
+/// resident at once (0 where it cannot run them). Those CTAs take one SM each, so this is also
+/// how many clusters of `ctas` narrow CTAs fit one CTA an SM: a cluster stays within one GPC,
+/// and an H200's GPCs hold seven clusters of 16 such CTAs, or fifteen of 8.
+template <class Traits>
+int resident_wide_clusters(int ctas) {
+  const auto kernel = clustered_rows_kernel<Traits>(kWideClusterThreads);
+  const std::size_t smem = kept_list_bytes(kMaxFilterK);
+  allow_clusters(kernel, smem, "cudaFuncSetAttribute");
+  const ClusterConfig cluster(ctas, ctas, kWideClusterThreads, smem, nullptr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cluster.config) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+    return 0;
+  }
+  return clusters;
 }
 
 /// How many CTAs of the ragged-row policy (TriplePolicy, kTripleSmem of buffers) this device
