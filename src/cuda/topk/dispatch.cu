@@ -110,13 +110,13 @@ bool wide_batch_clusters(const TopkProblem& p) {
       cluster_limit(p, cuda::kWideClusterThreads) < kMaxClusterCtas) {
     return false;
   }
+  // Rows of this range take 5-8 wide CTAs; the count for 8 holds for all (fewer fit no worse).
   static PerDeviceDtype narrow_fit, wide_fit;
-  const int ctas = short_cluster_ctas(p.row_len, true);
   const int narrow = narrow_fit.get(p, 0, [](auto traits) {
     return cuda::resident_wide_clusters<decltype(traits)>(kMaxClusterCtas);
   });
-  const int wide = wide_fit.get(p, 0, [ctas](auto traits) {
-    return cuda::resident_wide_clusters<decltype(traits)>(ctas);
+  const int wide = wide_fit.get(p, 0, [](auto traits) {
+    return cuda::resident_wide_clusters<decltype(traits)>(kMaxClusterCtas / 2);
   });
   return p.batch > narrow && p.batch <= wide;
 }
@@ -154,9 +154,8 @@ PathChoice path_choice() {
 /// Rows beyond 16 x 8192 columns (and the batches wide_batch_clusters picks) take 512-thread
 /// CTAs, one an SM, while B x CTAs <= SMs. Not every such grid is resident at once (a cluster
 /// stays within one GPC: an H200 holds seven clusters of ten or thirteen such CTAs), but two
-/// waves still beat the filter kernel: 8 x
-/// 151936 fp32 k=50 31.7 us against 33.0-33.2, 8 x 202048 k=1024 39.1 against 56.4 (runs 72,
-/// 75).
+/// waves still beat the filter kernel: 8 x 151936 fp32 k=50 31.7 us against 33.0-33.2, 8 x
+/// 202048 k=1024 39.1 against 56.4 (runs 72, 75).
 bool use_cluster_kernel(const TopkProblem& p, int sms) {
   const PathChoice choice = path_choice();
   if (choice == PathChoice::kFilter || p.row_len > cuda::kClusterMaxLen) return false;
