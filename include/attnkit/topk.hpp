@@ -40,11 +40,13 @@
 /// \par Requirements
 /// - `x`: float32, bfloat16 or float16; rank 1 or 2; last dimension contiguous (stride 1) when
 ///   it has more than one element; any row stride (zero and negative included) and any
-///   alignment. `N <= 2^31 - 1`, `B <= 2^31 - 1`.
+///   element offset (the data pointer a multiple of the element size). `N <= 2^31 - 1`,
+///   `B <= 2^31 - 1`.
 /// - `begin`, `end`, `index_offset`: rank 1, `[B]`, int32 or int64, any stride, same device.
 /// - `out_indices`: `[B, k]` (`[k]` for 1-D `x`), int32 or int64, last dimension contiguous,
-///   any row stride. `out_values`: the same shape, `x`'s dtype. Outputs may not overlap each
-///   other or any input.
+///   any row stride. `out_values`: the same shape, `x`'s dtype. Outputs may not share a byte
+///   with each other or any input (they may lie between x's rows, e.g. in spare columns of
+///   x's buffer).
 ///
 /// \par Errors (attnkit::Error)
 /// `kShape`: wrong rank or mismatched sizes; `kDType`: unsupported dtype; `kDevice`: tensors on

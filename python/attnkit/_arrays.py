@@ -103,9 +103,16 @@ def resolved(a: Any) -> Any:
     return torch.from_dlpack(a)
 
 
+_MAX_DIMS = 6  # attnkit::kMaxDims
+
+
 def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     """What the extension takes for array `a`: a raw-view tuple, or `a` itself for DLPack."""
     check_array(a, name)
+    ndim = len(getattr(a, "shape", ()))
+    if ndim > _MAX_DIMS:
+        raise ValueError(f"topk: {name} has {ndim} dimensions (shape {tuple(a.shape)}); topk "
+                         f"takes x as [B, N] or [N], and [B] or [B, k] for the others")
     if isinstance(a, np.ndarray):
         if writable and not a.flags.writeable:
             raise ValueError(f"topk: {name} is read-only; outputs must be writable")

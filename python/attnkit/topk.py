@@ -22,6 +22,7 @@ class TopkResult(NamedTuple):
 
 
 _ORDERS = {"none": 0, "index": 1, "value": 2, False: 0, True: 2}
+_ORDER_NAMES = {0: "none", 1: "index", 2: "value"}
 _NANS = {"largest": 0, "ignore": 1, "raise": 2}
 _TIES = {"lowest_index": 0, "any": 1}
 _BACKENDS = {"auto": 0, "reference": 1}
@@ -92,10 +93,11 @@ def topk(
     x : array, shape [B, N] or [N]
         float32, bfloat16 or float16; a NumPy array (bfloat16 through ``ml_dtypes``), a torch
         tensor on CPU or CUDA, or any DLPack tensor. The last dimension must be contiguous; the
-        row stride and the alignment are free.
+        row stride and the element offset are free (the data pointer must be a multiple of the
+        element size, as every framework allocates).
     k : int
-        Elements per row, ``k >= 0``. May exceed a row's valid length: the valid elements fill
-        the first slots and the rest is padding.
+        Elements per row, ``0 <= k <= 2^31 - 1``. May exceed a row's valid length: the valid
+        elements fill the first slots and the rest is padding.
     largest : bool
         Select the largest (default) or the smallest values.
     sorted : {"none", "index", "value"} or bool
@@ -147,7 +149,9 @@ def topk(
     TypeError
         Unsupported dtypes; a k that is not an integer.
     RuntimeError
-        A CUDA runtime failure; caller buffers with an ``x`` that requires grad (grad mode on).
+        A CUDA runtime failure; caller buffers with an ``x`` that requires grad, or caller
+        buffers that require grad (grad mode on). Caller torch buffers that were written get
+        their version counters bumped, so that autograd refuses a stale saved copy.
 
     Notes
     -----
@@ -196,6 +200,16 @@ def topk(
         if index_name not in ("int32", "int64"):
             raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
 
+    for name, out in (("out_values", out_values), ("out_indices", out_indices)):
+        if _arrays.is_torch(out) and out.requires_grad:
+            import torch
+
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"topk: {name} requires grad; caller buffers are written without autograd "
+                    "(torch.topk(..., out=...) refuses them too): pass one that does not "
+                    "require grad, or call under torch.no_grad()")
+
     if _arrays.is_torch(x):
         import torch
 
@@ -206,17 +220,20 @@ def topk(
             raise RuntimeError(
                 "topk: out_values/out_indices cannot be used when x requires grad: autograd "
                 "does not record writes into caller buffers (detach x or use torch.no_grad())")
+
         if needs_grad and backend != "auto":
             raise ValueError(f"topk: backend = {backend!r} runs without autograd; detach x or "
                              "use torch.no_grad()")
         if torch.compiler.is_compiling() or needs_grad:
             from . import torch as _torch_ops
 
+            # The op's schema takes the options in one spelling each.
             return TopkResult(*_torch_ops._dispatched_topk(
-                x, k, largest=bool(largest), sorted=sorted, begin=begin, end=end,
+                x, k, largest=bool(largest), sorted=_ORDER_NAMES[order], begin=begin, end=end,
                 indices_dtype=index_name or indices_dtype, return_values=bool(return_values),
                 out_values=out_values, out_indices=out_indices, index_offset=index_offset,
-                index_fill=index_fill, value_fill=value_fill, nan=nan, ties=ties, check=check))
+                index_fill=index_fill, value_fill=value_fill, nan=str(nan), ties=str(ties),
+                check=None if check is None else bool(check)))
 
     # torch views with the negative or conjugate bit set (x.conj().imag, torch._neg_view) hold
     # their values in memory with the sign not yet applied, and bare DLPack producers have no
@@ -266,6 +283,14 @@ def topk(
             workspace = _aligned(_arrays.raw_view(scratch, "workspace"))
     _ext.topk(*args, workspace, _arrays.current_stream(x))
     del scratch
+    # Caller tensors were written behind torch's back: bump their version counters, so that
+    # autograd refuses a backward through a value saved before the write (as after torch.topk's
+    # out=).
+    for out, made in ((out_values, made_values), (out_indices, made_indices)):
+        if not made and _arrays.is_torch(out):
+            import torch
+
+            torch.autograd.graph.increment_version(out)
 
     values = out_values if return_values else None
     if made_values:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from . import _arrays
@@ -141,13 +142,17 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
                      ties: str, check: Optional[bool]):
     """attnkit.topk through the dispatcher: the same arguments and results."""
     order = ("value" if sorted else "none") if isinstance(sorted, bool) else sorted
-    # The op's schema takes tensors: NumPy begin/end/index_offset become (zero-copy) tensors;
-    # lists and other non-arrays are refused as on the eager path.
+    # The op's schema takes tensors: NumPy begin/end/index_offset become tensors (zero-copy,
+    # or a copy of the [B] values where torch cannot view them, e.g. negative strides); lists
+    # and other non-arrays are refused as on the eager path.
     for name, v in (("begin", begin), ("end", end), ("index_offset", index_offset)):
         if v is not None:
             _arrays.check_array(v, name)
-    begin, end, index_offset = (v if v is None or isinstance(v, torch.Tensor) else torch.as_tensor(v)
-                                for v in (begin, end, index_offset))
+    begin, end, index_offset = (
+        v if v is None or isinstance(v, torch.Tensor)
+        else torch.as_tensor(v.copy() if isinstance(v, np.ndarray) and min(v.strides, default=0) < 0
+                             else v)
+        for v in (begin, end, index_offset))
     if out_indices is not None:
         torch.ops.attnkit.topk_out(
             x, k, largest, order, begin, end, index_offset, index_fill, value_fill, nan, ties,

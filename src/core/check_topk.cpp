@@ -87,6 +87,7 @@ TopkProblem check_topk_inputs(const TopkTensors& t, const TopkOptions& o) {
   check_last_dim_contiguous(kOp, "x", x);
   check_element_aligned(kOp, "x", x);
   p.batch = x.ndim == 2 ? x.shape[0] : 1;
+  p.one_row = x.ndim == 1;
   p.row_len = x.shape[x.ndim - 1];
   p.row_stride = x.ndim == 2 ? x.strides[0] : 0;
   if (p.row_len > kMaxExtent) {

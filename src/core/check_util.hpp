@@ -41,7 +41,8 @@ struct ByteExtent {
 };
 ByteExtent byte_extent(const TensorView& t);
 
-/// The two views touch no common byte (conservatively: their extents are disjoint).
+/// The two views touch no common byte: exactly for views of at most two dimensions with a
+/// contiguous last one, conservatively (disjoint extents) for others.
 void check_no_overlap(const char* op, const char* out_arg, const TensorView& out,
                       const char* in_arg, const TensorView& in);
 

@@ -60,10 +60,11 @@ void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cud
     if (p.nan == NanPolicy::kRaise) {
       const detail::NanPosition at = detail::cpu_topk_find_nan(p);
       if (at.row >= 0) {
-        throw Error(ErrorCode::kNanFound,
-                    "topk: x[" + std::to_string(at.row) + ", " + std::to_string(at.col) +
-                        "] is NaN, inside row " + std::to_string(at.row) +
-                        "'s valid range, and nan = \"raise\"");
+        const std::string where = p.one_row ? "x[" + std::to_string(at.col) + "] is NaN, inside x's"
+                                            : "x[" + std::to_string(at.row) + ", " +
+                                                  std::to_string(at.col) + "] is NaN, inside row " +
+                                                  std::to_string(at.row) + "'s";
+        throw Error(ErrorCode::kNanFound, "topk: " + where + " valid range, and nan = \"raise\"");
       }
     }
     if (p.backend == TopkBackend::kReference) {

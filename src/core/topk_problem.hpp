@@ -32,6 +32,7 @@ struct TopkProblem {
   std::int64_t batch = 0;       // B
   std::int64_t row_len = 0;     // N
   std::int64_t row_stride = 0;  // elements; any sign
+  bool one_row = false;         // x is [N]: messages name x[col], not x[0, col]
   RowVector begin, end, index_offset;
 
   // Outputs. values == nullptr when values are not returned.

@@ -5,6 +5,7 @@
 // shapes or broadcast strides: the checks must refuse them before touching any element.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -522,6 +523,60 @@ TEST_F(TopkBadInput, OutputOverlapsInput) {
     expect_error(t, options(), ErrorCode::kLayout,
                  {std::string(a.out) + " overlaps " + a.in, "may not share memory"});
   }
+}
+
+// Outputs may share a buffer with x as long as no byte is shared: [B, N] inputs and [B, k]
+// outputs interleaved in the columns of one [B, W] buffer are accepted (and computed right);
+// one column of overlap is refused.
+TEST(TopkOverlap, OutputsInTheSpareColumnsOfX) {
+  constexpr std::int64_t kRows = 3, kCols = 10, kTake = 4, kWidth = 16;
+  std::vector<float> buffer(static_cast<std::size_t>(kRows * kWidth), -7.0f);
+  for (std::int64_t b = 0; b < kRows; ++b) {
+    for (std::int64_t j = 0; j < kCols; ++j) {
+      buffer[static_cast<std::size_t>(b * kWidth + j)] = static_cast<float>((j * 7 + b * 3) % 11);
+    }
+  }
+  const std::vector<float> before = buffer;
+  std::vector<std::int64_t> indices(static_cast<std::size_t>(kRows * kTake), -5);
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(buffer.data(), DType::kFloat32, kCpu, {kRows, kCols}, {kWidth, 1});
+  t.out_values = TensorView::make(buffer.data() + kCols, DType::kFloat32, kCpu, {kRows, kTake},
+                                  {kWidth, 1});
+  t.out_indices = TensorView::make(indices.data(), DType::kInt64, kCpu, {kRows, kTake});
+  attnkit::TopkOptions o;
+  o.k = kTake;
+  o.sorted = attnkit::TopkOrder::kValue;
+  attnkit::topk(t, o);
+  for (std::int64_t b = 0; b < kRows; ++b) {
+    std::vector<std::int64_t> cols(static_cast<std::size_t>(kCols));
+    for (std::int64_t j = 0; j < kCols; ++j) cols[static_cast<std::size_t>(j)] = j;
+    const float* row = before.data() + b * kWidth;
+    std::stable_sort(cols.begin(), cols.end(), [&](std::int64_t a, std::int64_t c) {
+      return row[a] > row[c];
+    });
+    for (std::int64_t i = 0; i < kTake; ++i) {
+      const std::int64_t want = cols[static_cast<std::size_t>(i)];
+      EXPECT_EQ(indices[static_cast<std::size_t>(b * kTake + i)], want) << "row " << b << " slot " << i;
+      EXPECT_EQ(buffer[static_cast<std::size_t>(b * kWidth + kCols + i)], row[want]);
+    }
+    for (std::int64_t j = 0; j < kWidth; ++j) {  // x's columns and the unused ones untouched
+      if (j >= kCols && j < kCols + kTake) continue;
+      EXPECT_EQ(buffer[static_cast<std::size_t>(b * kWidth + j)],
+                before[static_cast<std::size_t>(b * kWidth + j)]) << b << ", " << j;
+    }
+  }
+
+  const std::vector<float> after = buffer;
+  t.out_values = TensorView::make(buffer.data() + kCols - 1, DType::kFloat32, kCpu,
+                                  {kRows, kTake}, {kWidth, 1});
+  try {
+    attnkit::topk(t, o);
+    ADD_FAILURE() << "no error for out_values over x's last column";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kLayout);
+    EXPECT_NE(std::string(e.what()).find("out_values overlaps x"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(buffer, after);
 }
 
 /// Views whose data pointer is not a multiple of the element size (a byte offset into a

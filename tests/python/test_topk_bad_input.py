@@ -54,7 +54,7 @@ def _overlapping_outputs():
 def _out_overlaps_x():
     storage = np.zeros((B, N + 8), np.float32)
     x = storage[:, :N]
-    ov = storage[:, N:N + K]  # inside x's byte extent (between its rows)
+    ov = storage[:, N - 1:N - 1 + K]  # shares x's last column (the rest lies between rows)
     return x, K, dict(out_values=ov, out_indices=poisoned((B, K), np.int64))
 
 
@@ -117,6 +117,8 @@ CASES = [
         ("x has 0 dimensions",), add_outputs=False),
     Bad("x_rank3", lambda: (_x(shape=(2, 3, 4)), K, {}), ValueError,
         ("x has 3 dimensions", "[2, 3, 4]"), add_outputs=False),
+    Bad("x_rank7", lambda: (np.zeros((1,) * 7, np.float32), K, {}), ValueError,
+        ("x has 7 dimensions", "[B, N] or [N]"), add_outputs=False),
     Bad("x_float64", lambda: (np.zeros((B, N)), K, {}), TypeError, ("x.dtype", "float64")),
     Bad("x_int32", lambda: (np.zeros((B, N), np.int32), K, {}), TypeError, ("x.dtype", "int32")),
     Bad("x_int8", lambda: (np.zeros((B, N), np.int8), K, {}), TypeError, ("x.dtype", "int8")),
@@ -283,8 +285,10 @@ def test_nan_raise_inside_range(dtype, nan_sign, backend):
     before_v, before_i = bits(ov).copy(), oi.copy()
     with pytest.raises(ValueError) as info:
         attnkit.topk(x, K, nan="raise", out_values=ov, out_indices=oi, backend=backend)
-    assert "NaN" in str(info.value) and "nan" in str(info.value)
+    assert "x[2, 6] is NaN" in str(info.value) and 'nan = "raise"' in str(info.value)
     assert np.array_equal(bits(ov), before_v) and np.array_equal(oi, before_i)
+    with pytest.raises(ValueError, match=r"topk: x\[6\] is NaN, inside x's valid range"):
+        attnkit.topk(x[2], K, nan="raise", backend=backend)  # one row, [N]: named by column
     # The same NaN inside a narrowed range still raises.
     with pytest.raises(ValueError):
         attnkit.topk(x, K, nan="raise", begin=np.array([0, 0, 6, 0]),
@@ -312,6 +316,21 @@ def test_nan_raise_outside_range_does_not_raise(dtype, where):
     got = attnkit.topk(x, 7, nan="raise", begin=begin, end=end, sorted="value")
     want = topk_reference(x, 7, begin=begin, end=end, sorted="value")
     assert_same_result(got, want, f"dtype={dtype}, where={where}")
+
+
+def test_outputs_in_the_spare_columns_of_x():
+    # Outputs that share x's buffer but no byte of it are accepted; one shared column is not.
+    base = _x(shape=(B, N + K + 2))
+    x = base[:, :N]
+    before = base.copy()
+    v, i = attnkit.topk(x, K, sorted="value", out_values=base[:, N:N + K],
+                        out_indices=np.empty((B, K), np.int64))
+    assert_same_result((v, i), topk_reference(before[:, :N], K, sorted="value"), "spare columns")
+    assert np.array_equal(bits(base[:, :N]), bits(before[:, :N]))
+    assert np.array_equal(bits(base[:, N + K:]), bits(before[:, N + K:]))
+    with pytest.raises(ValueError, match="out_values overlaps x"):
+        attnkit.topk(x, K, out_values=base[:, N - 1:N - 1 + K],
+                     out_indices=np.empty((B, K), np.int64))
 
 
 def test_nan_raise_without_nan_equals_default():

@@ -314,6 +314,44 @@ def test_caller_buffers_refused_when_autograd_would_need_them():
     assert values is None and indices.data_ptr() == out_i.data_ptr()
 
 
+def test_caller_buffers_that_require_grad_are_refused():
+    x = torch.randn(2, 50)
+    ov = torch.zeros(2, 5, requires_grad=True)
+    oi = torch.full((2, 5), -3, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="out_values requires grad"):
+        attnkit.topk(x, 5, out_values=ov, out_indices=oi)
+    assert (ov == 0).all() and (oi == -3).all()
+    with torch.no_grad():  # as torch.topk(..., out=...): allowed without grad mode
+        attnkit.topk(x, 5, out_values=ov, out_indices=oi)
+    assert torch.equal(torch.gather(x, 1, oi), ov.detach())
+
+
+def test_caller_buffers_written_bump_their_version():
+    # Autograd saved ov before the call; the write must invalidate that (as torch.topk's out=
+    # does), not let backward read the new contents as if they were the old.
+    x = torch.tensor([[1.0, 5.0, 3.0, 4.0]])
+    z = torch.ones(1, 2, requires_grad=True)
+    ov, oi = torch.zeros(1, 2), torch.empty(1, 2, dtype=torch.int64)
+    y = (z * ov).sum()
+    version = ov._version
+    attnkit.topk(x, 2, out_values=ov, out_indices=oi)
+    assert ov._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_grad_path_takes_the_eager_spellings_of_options():
+    # numpy bools for `sorted`/`check` and numpy ends with negative strides reach the
+    # dispatcher's op (taken when x requires grad) as they reach the eager call.
+    x = torch.randn(2, 6, requires_grad=True)
+    end = np.array([9, 6, 9, 0])[::-2]  # [0, 6]: negative stride
+    got = attnkit.topk(x, 3, sorted=np.True_, end=end, check=np.True_)
+    want = attnkit.topk(x.detach(), 3, sorted="value", end=end.copy())
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.values.detach(), want.values)
+    got.values.sum().backward()
+    assert x.grad[0].sum() == 0 and x.grad[1].sum() == 3
+
+
 # Views whose sign or conjugation is a bit on the tensor, not in memory, are read resolved.
 def test_negative_and_conjugate_views_are_read_resolved():
     x = torch._neg_view(torch.tensor([[1.0, 5.0, 3.0, -2.0]]))
