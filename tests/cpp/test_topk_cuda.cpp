@@ -783,6 +783,17 @@ TEST_F(TopkCuda, SmallNanRaise) {
   x[1401] = NAN;  // row 1, column 401
   cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
   EXPECT_NO_THROW(attnkit::topk(t, o));
+  // k = 0 selects nothing but still scans the valid ranges, as the CPU backend does.
+  o.k = 0;
+  t.out_indices = TensorView::make(di, DType::kInt64, kGpu, {2, 0});
+  EXPECT_NO_THROW(attnkit::topk(t, o));  // the NaN lies outside row 1's range
+  t.end.reset();
+  try {
+    attnkit::topk(t, o);
+    ADD_FAILURE() << "expected a NaN error with k = 0";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kNanFound);
+  }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the context is healthy
   cudaFree(dx);
   cudaFree(di);

@@ -79,6 +79,13 @@ def test_nan_policies():
         attnkit.topk(x, 10, nan="raise")
     end = torch.tensor([5000, 10, 50, 5000], device=DEV, dtype=torch.int32)
     attnkit.topk(x, 10, nan="raise", end=end)  # both NaNs lie outside their rows' ranges
+    # k = 0 selects nothing but still raises for a NaN in range, as on the CPU.
+    with pytest.raises(ValueError, match="NaN"):
+        attnkit.topk(x, 0, nan="raise")
+    with pytest.raises(ValueError, match="NaN"):
+        attnkit.topk(x.cpu(), 0, nan="raise")
+    v, i = attnkit.topk(x, 0, nan="raise", end=end)
+    assert v.shape == (4, 0) and i.shape == (4, 0)
     torch.cuda.synchronize()
 
 

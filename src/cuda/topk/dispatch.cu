@@ -215,6 +215,11 @@ Launch make_launch(const TopkProblem& p) {
     return at;
   };
   if (p.nan == NanPolicy::kRaise) l.layout.nan_flag = take(sizeof(int));
+  if (p.k == 0) {  // with nan="raise" only (cuda_topk): the valid ranges are scanned for NaN
+    plan.path = TopkPath::kNanScan;
+    l.layout.total = off;
+    return l;
+  }
 
   if (l.k_select > cuda::kMaxFilterK) {
     plan.path = TopkPath::kRadix;
@@ -360,17 +365,22 @@ struct NvtxRange {
   ~NvtxRange() { nvtxRangePop(); }
 };
 
+/// Whether a call launches nothing: no rows, or k = 0 without a NaN scan to run.
+bool nothing_to_launch(const TopkProblem& p) {
+  return p.batch == 0 || (p.k == 0 && p.nan != NanPolicy::kRaise);
+}
+
 }  // namespace
 
 std::size_t cuda_topk_workspace_size(const TopkProblem& p) {
-  if (p.batch == 0 || p.k == 0) return 0;
+  if (nothing_to_launch(p)) return 0;
   DeviceGuard guard(p.device.index);
   return make_launch(p).layout.total;
 }
 
 void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_bytes,
                cudaStream_t stream) {
-  if (p.batch == 0 || p.k == 0) return;
+  if (nothing_to_launch(p)) return;
   DeviceGuard guard(p.device.index);
   NvtxRange range("attnkit::topk");
   const Launch l = make_launch(p);
@@ -388,6 +398,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
                : l.plan.path == TopkPath::kArgmax ? "argmax"
                : l.plan.path == TopkPath::kShort  ? "short"
                : l.plan.path == TopkPath::kCluster ? "cluster"
+               : l.plan.path == TopkPath::kNanScan ? "nan-scan"
                                                   : "filter",
                l.plan.policy == RowsPolicy::kNarrow            ? "narrow"
                : l.plan.policy == RowsPolicy::kNarrowHalfRound ? "narrow-half-round"

@@ -14,6 +14,7 @@
 #include "cuda/topk/kernels/topk_argmax.cuh"
 #include "cuda/topk/kernels/topk_cluster.cuh"
 #include "cuda/topk/kernels/topk_filter.cuh"
+#include "cuda/topk/kernels/topk_nan_scan.cuh"
 #include "cuda/topk/kernels/topk_radix.cuh"
 #include "cuda/topk/kernels/topk_short.cuh"
 #include "cuda/topk/topk_params.cuh"
@@ -66,6 +67,8 @@ constexpr int kMergeThreads = 512;
 constexpr std::uint32_t kMergeRound = kMergeThreads * 4;
 // The radix path for larger k.
 constexpr int kRadixThreads = 512;
+// k = 0 with nan="raise": a scan of the valid ranges for NaN.
+constexpr int kNanScanThreads = 256;
 // The k = 1 path: 256 threads with 8 16-byte loads each in flight (32 KB per CTA).
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxUnroll = 8;
@@ -135,7 +138,7 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 // Plan
 // ---------------------------------------------------------------------------------------------
 
-enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster };
+enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster, kNanScan };
 
 /// The rows kernel's policy.
 enum class RowsPolicy { kWide, kNarrow, kNarrowHalfRound, kTriple };
@@ -266,6 +269,11 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     return;
   }
   TopkKernelParams p = params;
+  if (plan.path == TopkPath::kNanScan) {
+    launch(topk_nan_scan_kernel<Traits, kNanScanThreads>, plan.batch, kNanScanThreads, 0, stream,
+           p, "topk_nan_scan_kernel");
+    return;
+  }
   if (plan.path == TopkPath::kShort) {
     p.survivor_slots = plan.rows.survivor_slots;
     const std::size_t smem = kept_list_bytes(plan.rows.survivor_slots);
