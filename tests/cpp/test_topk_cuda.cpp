@@ -800,6 +800,40 @@ TEST_F(TopkCuda, SmallNanRaise) {
   cudaFree(de);
 }
 
+TEST_F(TopkCuda, SmallNanRaiseLargeK) {
+  // k > 4096 (the multi-pass radix kernel): a NaN inside the range raises, one outside not.
+  constexpr std::int64_t kCols = 6000, kTake = 5000;
+  std::vector<float> x(2 * kCols);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 997);
+  x[kCols + 5999] = NAN;  // row 1, last column
+  float* dx = device_copy(x);
+  std::int32_t* di = nullptr;
+  cudaMalloc(&di, 2 * kTake * sizeof(std::int32_t));
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(dx, DType::kFloat32, kGpu, {2, kCols});
+  t.out_indices = TensorView::make(di, DType::kInt32, kGpu, {2, kTake});
+  attnkit::TopkOptions o;
+  o.k = kTake;
+  o.nan = attnkit::NanPolicy::kRaise;
+  for (auto order : {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kValue}) {
+    o.sorted = order;
+    try {
+      attnkit::topk(t, o);
+      ADD_FAILURE() << "expected a NaN error";
+    } catch (const attnkit::Error& e) {
+      EXPECT_EQ(e.code(), attnkit::ErrorCode::kNanFound);
+    }
+  }
+  std::vector<std::int32_t> end = {kCols, kCols - 1};  // row 1 ends before its NaN
+  std::int32_t* de = device_copy(end);
+  t.end = TensorView::make(de, DType::kInt32, kGpu, {2});
+  EXPECT_NO_THROW(attnkit::topk(t, o));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(dx);
+  cudaFree(di);
+  cudaFree(de);
+}
+
 TEST_F(TopkCuda, SmallNanRaiseArgmax) {
   // k = 1 (the argmax kernel), one row long enough to be cut into slices.
   std::vector<float> x(100000, 1.0f);

@@ -79,6 +79,9 @@ def test_nan_policies():
         attnkit.topk(x, 10, nan="raise")
     end = torch.tensor([5000, 10, 50, 5000], device=DEV, dtype=torch.int32)
     attnkit.topk(x, 10, nan="raise", end=end)  # both NaNs lie outside their rows' ranges
+    with pytest.raises(ValueError, match="NaN"):  # k > 4096: the multi-pass kernel
+        attnkit.topk(x, 4500, nan="raise")
+    attnkit.topk(x, 4500, nan="raise", end=end)
     # k = 0 selects nothing but still raises for a NaN in range, as on the CPU.
     with pytest.raises(ValueError, match="NaN"):
         attnkit.topk(x, 0, nan="raise")

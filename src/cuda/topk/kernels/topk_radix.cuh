@@ -42,13 +42,21 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const TopkKernelPa
     const int above_shift = pass == 0 ? 0 : shift + 8;
     if (tid < 256) hist[tid] = 0;
     __syncthreads();
+    const bool track_nan = pass == 0 && p.nan_flag != nullptr;  // uniform
+    bool any_nan = false;
     for (std::int64_t c = lo + tid; c < hi; c += kThreads) {
-      const std::uint32_t s = score_of<Traits>(row[c], p.sp);
+      const Bits bits = row[c];
+      if (track_nan) any_nan |= is_nan_bits<Traits>(bits);
+      const std::uint32_t s = score_of<Traits>(bits, p.sp);
       if (s != kExcludedScore && (pass == 0 || (s >> above_shift) == (prefix >> above_shift))) {
         atomicAdd(&hist[(s >> shift) & 0xFFu], 1u);
       }
     }
-    __syncthreads();
+    if (track_nan) {
+      if (__syncthreads_or(any_nan) && tid == 0) *p.nan_flag = 1;
+    } else {
+      __syncthreads();
+    }
     const std::uint32_t count = tid < 256 ? hist[255 - tid] : 0u;
     std::uint32_t total;
     const std::uint32_t above = block_exclusive_sum<kThreads>(count, warp_totals, total);
