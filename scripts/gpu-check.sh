@@ -13,7 +13,8 @@
 # ATTNKIT_CUDA_TESTS (it is host code over the CUDA runtime, linked statically, so a binary
 # built on another x86-64 Linux machine with an older glibc runs here). GoogleTest comes from
 # the system or from ATTNKIT_GTEST_SOURCE_DIR. BENCH_REPEATS sets the benchmark's repeats
-# per case (default 20).
+# per case (default 20). FUZZ_SECONDS and FUZZ_SEED set the fuzzing step of full and check
+# (scripts/fuzz_topk.py; default 60 s, seed 1).
 set -uo pipefail
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/attnkit-gpu-check}
@@ -77,6 +78,11 @@ if [ "$MODE" != bench ]; then
       "$TESTS" --gtest_brief=1
   fi
   step "Python CUDA tests" "$TEST_LOG" python3 -m pytest tests/python_cuda -q -p no:cacheprovider -x
+  if [ "$MODE" != quick ]; then
+    # Random shapes, options and data, each call against the CPU backend on the same bytes.
+    step "fuzz, CUDA against CPU (${FUZZ_SECONDS:-60} s)" "$TEST_LOG" \
+      python3 scripts/fuzz_topk.py --seconds "${FUZZ_SECONDS:-60}" --seed "${FUZZ_SEED:-1}"
+  fi
 fi
 if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
   SAN_LOG="$OUT/sanitizer.log"
