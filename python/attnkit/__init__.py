@@ -30,7 +30,12 @@ def num_threads() -> int:
 def set_num_threads(n: int) -> None:
     """Resizes the CPU thread pool; ``1 <= n <= 4096``. Raises ValueError otherwise, TypeError
     for a non-integer."""
-    n = _operator.index(n)
+    if isinstance(n, bool):
+        raise TypeError(f"set_num_threads: n = {n!r}; expected an integer")
+    try:
+        n = _operator.index(n)
+    except TypeError:
+        raise TypeError(f"set_num_threads: n = {n!r}; expected an integer") from None
     if not 1 <= n <= 4096:  # also keeps n within the C++ int it crosses as
         raise ValueError(f"set_num_threads: n = {n} must be in [1, 4096]")
     _ext.set_num_threads(n)

@@ -73,6 +73,9 @@ def array_dtype_name(a: Any, name: str) -> str:
 def check_array(a: Any, name: str) -> None:
     """NumPy arrays, torch tensors and DLPack producers pass; anything else (lists, tuples,
     memoryviews, ctypes arrays) is refused by name rather than guessed at."""
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"topk: {name} is a NumPy masked array, whose mask attnkit would ignore; "
+                        f"pass {name}.filled(value) or {name}.data")
     if isinstance(a, np.ndarray) or is_torch(a) or hasattr(type(a), "__dlpack__"):
         return
     if isinstance(a, np.generic):

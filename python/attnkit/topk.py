@@ -201,14 +201,21 @@ def topk(
             raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
 
     for name, out in (("out_values", out_values), ("out_indices", out_indices)):
-        if _arrays.is_torch(out) and out.requires_grad:
-            import torch
+        if not _arrays.is_torch(out):
+            continue
+        import torch
 
-            if torch.is_grad_enabled():
-                raise RuntimeError(
-                    f"topk: {name} requires grad; caller buffers are written without autograd "
-                    "(torch.topk(..., out=...) refuses them too): pass one that does not "
-                    "require grad, or call under torch.no_grad()")
+        if out.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"topk: {name} requires grad; caller buffers are written without autograd "
+                "(torch.topk(..., out=...) refuses them too): pass one that does not "
+                "require grad, or call under torch.no_grad()")
+        if (not torch.compiler.is_compiling() and out.is_inference()
+                and not torch.is_inference_mode_enabled()):
+            raise RuntimeError(
+                f"topk: {name} is an inference tensor, which torch lets no one write outside "
+                "torch.inference_mode(); call there, or pass a tensor made outside it")
+    fill = None if value_fill is None else _real("value_fill", value_fill)
 
     if _arrays.is_torch(x):
         import torch
@@ -224,15 +231,16 @@ def topk(
         if needs_grad and backend != "auto":
             raise ValueError(f"topk: backend = {backend!r} runs without autograd; detach x or "
                              "use torch.no_grad()")
-        if torch.compiler.is_compiling() or needs_grad:
+        if needs_grad or _recorded(torch):
             from . import torch as _torch_ops
 
+            _refuse_func_differentiation(torch)
             # The op's schema takes the options in one spelling each.
             return TopkResult(*_torch_ops._dispatched_topk(
                 x, k, largest=bool(largest), sorted=_ORDER_NAMES[order], begin=begin, end=end,
                 indices_dtype=index_name or indices_dtype, return_values=bool(return_values),
                 out_values=out_values, out_indices=out_indices, index_offset=index_offset,
-                index_fill=index_fill, value_fill=value_fill, nan=str(nan), ties=str(ties),
+                index_fill=index_fill, value_fill=fill, nan=str(nan), ties=str(ties),
                 check=None if check is None else bool(check)))
 
     # torch views with the negative or conjugate bit set (x.conj().imag, torch._neg_view) hold
@@ -247,8 +255,7 @@ def topk(
     x_view = _arrays.raw_view(x, "x")
     inputs = tuple(None if a is None else _arrays.raw_view(a, name)
                    for a, name in ((begin, "begin"), (end, "end"), (index_offset, "index_offset")))
-    options = (k, bool(largest), order, nan_code, ties_code, index_fill,
-               None if value_fill is None else _real("value_fill", value_fill), check_code,
+    options = (k, bool(largest), order, nan_code, ties_code, index_fill, fill, check_code,
                backend_code)
     allocating = out_indices is None or (out_values is None and return_values)
     if allocating and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
@@ -297,6 +304,32 @@ def topk(
         values = _arrays.to_caller(values, x)
     indices = _arrays.to_caller(out_indices, x) if made_indices else out_indices
     return TopkResult(values, indices)
+
+
+def _recorded(torch: Any) -> bool:
+    """Whether torch is recording or transforming this call rather than running it: inside
+    torch.compile, torch.jit.trace, a dispatch mode (make_fx, FakeTensorMode, FlopCounterMode)
+    or a torch.func transform (vmap, grad). Such calls must go through the dispatcher's op: the
+    eager path writes through raw pointers, which none of them can see."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._functorch.peek_interpreter_stack() is not None)
+
+
+def _refuse_func_differentiation(torch: Any) -> None:
+    """torch.func.grad, jvp, jacrev and friends cannot differentiate the op (its autograd
+    formula is torch.library's, which they do not take): a clear error instead of torch's.
+    torch.autograd (values.backward()) and torch.func.vmap work."""
+    if torch.compiler.is_compiling():  # dynamo traces neither call below
+        return
+    from torch._C._functorch import TransformType
+
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    if any(i.key() in (TransformType.Grad, TransformType.Jvp) for i in stack):
+        raise NotImplementedError(
+            "topk: torch.func's grad/jvp transforms (grad, jacrev, jacfwd, hessian) cannot "
+            "differentiate attnkit.topk; use torch.autograd (values.sum().backward()) instead. "
+            "torch.func.vmap works")
 
 
 def _aligned(view: tuple) -> tuple:

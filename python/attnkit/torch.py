@@ -153,13 +153,20 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
         else torch.as_tensor(v.copy() if isinstance(v, np.ndarray) and min(v.strides, default=0) < 0
                              else v)
         for v in (begin, end, index_offset))
-    if out_indices is not None:
+    if isinstance(indices_dtype, str):
+        indices_dtype = getattr(torch, indices_dtype)
+    if out_indices is not None or out_values is not None:
+        # Caller buffers: the out op writes both, so the one not given is made here, as the
+        # eager call makes it.
+        shape = _out_shape(x, k)
+        if out_indices is None:
+            out_indices = x.new_empty(shape, dtype=indices_dtype)
+        if out_values is None and return_values:
+            out_values = x.new_empty(shape)
         torch.ops.attnkit.topk_out(
             x, k, largest, order, begin, end, index_offset, index_fill, value_fill, nan, ties,
             check, out_values if return_values else None, out_indices)
         return (out_values if return_values else None), out_indices
-    if isinstance(indices_dtype, str):
-        indices_dtype = getattr(torch, indices_dtype)
     values, indices = torch.ops.attnkit.topk(
         x, k, largest, order, begin, end, indices_dtype, return_values, index_offset, index_fill,
         value_fill, nan, ties, check)

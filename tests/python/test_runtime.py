@@ -40,6 +40,14 @@ def test_set_num_threads_rejects_below_one(restore_threads, n):
     assert_same_result(attnkit.topk(x, 5), topk_reference(x, 5), "topk after a refused resize")
 
 
+@pytest.mark.parametrize("n", [1.5, "2", None, True])
+def test_set_num_threads_rejects_non_integers_by_name(restore_threads, n):
+    attnkit.set_num_threads(2)
+    with pytest.raises(TypeError, match=r"set_num_threads: n = .*; expected an integer"):
+        attnkit.set_num_threads(n)
+    assert attnkit.num_threads() == 2
+
+
 def test_num_threads_from_environment():
     env = dict(os.environ, ATTNKIT_NUM_THREADS="3")
     out = subprocess.run([sys.executable, "-c", "import attnkit; print(attnkit.num_threads())"],

@@ -117,6 +117,8 @@ CASES = [
         ("x has 0 dimensions",), add_outputs=False),
     Bad("x_rank3", lambda: (_x(shape=(2, 3, 4)), K, {}), ValueError,
         ("x has 3 dimensions", "[2, 3, 4]"), add_outputs=False),
+    Bad("x_masked_array", lambda: (np.ma.masked_array(_x(), mask=_x() > 0), K, {}), TypeError,
+        ("x is a NumPy masked array", "filled"), add_outputs=False),
     Bad("x_rank7", lambda: (np.zeros((1,) * 7, np.float32), K, {}), ValueError,
         ("x has 7 dimensions", "[B, N] or [N]"), add_outputs=False),
     Bad("x_float64", lambda: (np.zeros((B, N)), K, {}), TypeError, ("x.dtype", "float64")),

@@ -286,6 +286,60 @@ def test_compile_fullgraph_out_buffers():
     assert torch.equal(tensor_bits(ov_e), tensor_bits(ov_c)) and torch.equal(oi_e, oi_c)
 
 
+@pytest.mark.parametrize("given", ("values", "indices"))
+def test_compile_fullgraph_one_out_buffer(given):
+    # One caller buffer: it is written in place, and the other result is made, as in eager.
+    x = torch_rows("normal@1", (3, 50), "float32", rng_for("compile_one_out", given))
+    want = attnkit.topk(x, 4)
+    buf = torch.zeros(3, 4) if given == "values" else torch.zeros(3, 4, dtype=torch.int64)
+    kwargs = {"out_" + given: buf}
+    got = torch.compile(lambda x: attnkit.topk(x, 4, **kwargs), fullgraph=True)(x)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.values, want.values)
+    assert torch.equal(buf, want.values if given == "values" else want.indices)
+
+
+def test_traced_and_transformed_calls_record_the_op():
+    # jit.trace, make_fx (real and fake) and vmap see the op, not an eager write they miss.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(r):
+        return attnkit.topk(r, 3, sorted="value")
+
+    x = torch_rows("normal@1", (3, 50), "float32", rng_for("traced", 1))
+    y = torch_rows("normal@1", (3, 50), "float32", rng_for("traced", 2))
+    want = torch.topk(y, 3)
+    traced = torch.jit.trace(f, (x,), check_trace=False)
+    assert torch.equal(traced(y)[0], want.values) and torch.equal(traced(y)[1], want.indices)
+    for mode in ("real", "fake"):
+        graph = make_fx(f, tracing_mode=mode)(x)
+        assert torch.equal(graph(y)[0], want.values), mode
+    batched = torch.func.vmap(lambda r: f(r).values)(y)
+    assert torch.equal(batched, want.values)
+
+
+def test_func_grad_is_refused_by_name():
+    x = torch.randn(2, 20)
+    with pytest.raises(NotImplementedError, match="topk: torch.func"):
+        torch.func.grad(lambda r: attnkit.topk(r, 3).values.sum())(x)
+
+
+def test_inference_tensor_buffers_are_written_only_in_inference_mode():
+    x = torch.randn(2, 20)
+    with torch.inference_mode():
+        ov, oi = torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="out_values is an inference tensor"):
+        attnkit.topk(x, 3, out_values=ov, out_indices=oi)
+    assert (ov == 0).all() and (oi == 0).all()
+    with torch.inference_mode():
+        attnkit.topk(x, 3, out_values=ov, out_indices=oi)
+    assert torch.equal(torch.gather(x, 1, oi), ov)
+
+
+def test_grad_path_names_a_value_fill_out_of_range():
+    with pytest.raises(ValueError, match="topk: value_fill = .* float64 range"):
+        attnkit.topk(torch.randn(2, 5, requires_grad=True), 7, value_fill=10**400)
+
+
 @pytest.mark.parametrize("offset", [False, True])
 def test_autograd_values_route_gradient_to_selected_elements(offset):
     gen = torch.Generator().manual_seed(11)
