@@ -13,13 +13,16 @@
 namespace attnkit {
 
 /// A view of `t`'s memory.
-/// \throws Error(kDType) for element types attnkit does not know (complex, uint8, bool, ...);
+/// \throws Error(kDType) for element types attnkit has no DType for (complex, float8, vector
+///         lanes, ...; the integer types and bool are known, though topk refuses them);
 ///         Error(kDevice) for devices other than CPU, CUDA and CUDA host memory;
 ///         Error(kShape) for more than kMaxDims dimensions.
 TensorView from_dlpack(const DLTensor& t);
 
 /// A `DLTensor` describing `view`. Its `shape` and `strides` point into `view`, which must
 /// outlive the result.
+/// \throws Error(kDType), Error(kShape), Error(kDevice) for a view whose dtype, ndim or device
+///         is out of range.
 DLTensor to_dlpack(TensorView& view);
 
 }  // namespace attnkit

@@ -149,7 +149,8 @@ std::size_t topk_workspace_size(const TopkTensors& tensors, const TopkOptions& o
 
 /// Two-phase form (CUB style). With `workspace == nullptr` only `workspace_bytes` is set and
 /// nothing else happens. Otherwise `workspace` must hold `workspace_bytes` bytes on the
-/// tensors' device, at least `topk_workspace_size(...)`, aligned to 256 bytes. Runs on
+/// tensors' device, at least `topk_workspace_size(...)`, aligned to 256 bytes (on the CPU too,
+/// where the size is 0, so that code moved to a GPU keeps working). Runs on
 /// `stream` (ignored on the CPU) and returns without synchronizing unless `nan = kRaise` or
 /// `check = kOn` asked for a check that needs it.
 /// \throws Error as listed in the file comment; `kValue` if the workspace is too small.

@@ -2,6 +2,7 @@
 #include "core/check_util.hpp"
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 namespace attnkit::detail {
@@ -40,7 +41,9 @@ void check_dtype(const char* op, const char* arg, const TensorView& t,
     ++i;
   }
   fail(ErrorCode::kDType, op,
-       std::string(arg) + ".dtype = " + dtype_name(t.dtype) + "; expected " + list);
+       std::string(arg) + ".dtype = " + dtype_name(t.dtype) +
+           (dtype_size(t.dtype) == 0 ? " (" + std::to_string(static_cast<int>(t.dtype)) + ")" : "") +
+           "; expected " + list);
 }
 
 void check_device(const char* op, const char* arg, const TensorView& t, Device device) {
@@ -62,16 +65,46 @@ void check_last_dim_contiguous(const char* op, const char* arg, const TensorView
 }
 
 void check_storage(const char* op, const char* arg, const TensorView& t) {
+  if (t.ndim < 0 || t.ndim > kMaxDims) {
+    fail(ErrorCode::kShape, op,
+         std::string(arg) + ".ndim = " + std::to_string(t.ndim) + "; views hold 0 to " +
+             std::to_string(kMaxDims) + " dimensions");
+  }
+  if (t.device.type != DeviceType::kCPU && t.device.type != DeviceType::kCUDA) {
+    fail(ErrorCode::kDevice, op,
+         std::string(arg) + " is on " + device_name(t.device) + "; expected cpu or cuda");
+  }
   for (int d = 0; d < t.ndim; ++d) {
     if (t.shape[d] < 0) {
       fail(ErrorCode::kShape, op,
            std::string(arg) + " has shape " + t.shape_str() + "; sizes must be >= 0");
     }
   }
-  if (t.numel() > 0 && t.data == nullptr) {
+  if (t.numel() == 0) return;
+  if (t.data == nullptr) {
     fail(ErrorCode::kValue, op,
          std::string(arg) + " has " + std::to_string(t.numel()) +
              " elements but a null data pointer");
+  }
+  // Every byte offset of the view must be computable: the span of its strides, in bytes,
+  // stays below 2^62 (no memory is that large, and addresses plus offsets cannot wrap).
+  const auto elem = static_cast<std::int64_t>(dtype_size(t.dtype));
+  std::int64_t span = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    std::int64_t step = 0;
+    const std::int64_t stride = t.strides[d];
+    const bool overflow = stride == std::numeric_limits<std::int64_t>::min() ||
+                          __builtin_mul_overflow(t.shape[d] - 1, stride < 0 ? -stride : stride,
+                                                 &step) ||
+                          __builtin_mul_overflow(step, elem, &step) ||
+                          __builtin_add_overflow(span, step, &span);
+    if (overflow || span >= (std::int64_t{1} << 62)) {
+      std::string strides = "(";
+      for (int e = 0; e < t.ndim; ++e) strides += (e ? ", " : "") + std::to_string(t.strides[e]);
+      fail(ErrorCode::kLayout, op,
+           std::string(arg) + " has shape " + t.shape_str() + " and strides " + strides +
+               "), whose byte span is 2^62 or more; views must span less");
+    }
   }
 }
 

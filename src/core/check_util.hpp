@@ -28,7 +28,8 @@ void check_device(const char* op, const char* arg, const TensorView& t, Device d
 /// The last dimension is contiguous (stride 1) whenever it holds more than one element.
 void check_last_dim_contiguous(const char* op, const char* arg, const TensorView& t);
 
-/// A non-empty view's data pointer is not null, and no size is negative.
+/// The view is well formed: 0 <= ndim <= kMaxDims, a known device type, no negative size; if
+/// not empty, a data pointer that is not null and strides whose byte span is below 2^62.
 void check_storage(const char* op, const char* arg, const TensorView& t);
 
 /// The data pointer is a multiple of the element size (every framework allocates so; a view

@@ -42,7 +42,9 @@ DLDataType dl_from_dtype(DType d) {
   for (const DTypeCode& c : kCodes) {
     if (c.dtype == d) return DLDataType{c.code, c.bits, 1};
   }
-  return DLDataType{6, 8, 1};  // kDLBool
+  if (d == DType::kBool) return DLDataType{6, 8, 1};  // kDLBool
+  throw Error(ErrorCode::kDType,
+              "to_dlpack: dtype " + std::to_string(static_cast<int>(d)) + " is not an attnkit dtype");
 }
 
 }  // namespace
@@ -79,6 +81,13 @@ TensorView from_dlpack(const DLTensor& t) {
 }
 
 DLTensor to_dlpack(TensorView& view) {
+  if (view.ndim < 0 || view.ndim > kMaxDims) {
+    throw Error(ErrorCode::kShape, "to_dlpack: ndim = " + std::to_string(view.ndim) +
+                                       " must be in [0, " + std::to_string(kMaxDims) + "]");
+  }
+  if (view.device.type != DeviceType::kCPU && view.device.type != DeviceType::kCUDA) {
+    throw Error(ErrorCode::kDevice, "to_dlpack: " + device_name(view.device) + " is not cpu or cuda");
+  }
   DLTensor t{};
   t.data = view.data;
   t.device = view.device.type == DeviceType::kCPU ? DLDevice{kDLCPU, 0}

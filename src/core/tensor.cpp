@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attnkit/tensor.hpp"
 
+#include <limits>
 #include <string>
 
 #include "attnkit/error.hpp"
@@ -47,7 +48,8 @@ std::size_t dtype_size(DType dtype) noexcept {
 
 std::string device_name(Device device) {
   if (device.type == DeviceType::kCPU) return "cpu";
-  return "cuda:" + std::to_string(device.index);
+  if (device.type == DeviceType::kCUDA) return "cuda:" + std::to_string(device.index);
+  return "device type " + std::to_string(static_cast<int>(device.type));
 }
 
 TensorView TensorView::make(void* data, DType dtype, Device device,
@@ -82,15 +84,26 @@ TensorView TensorView::make(void* data, DType dtype, Device device,
   return v;
 }
 
+namespace {
+/// The dimensions a view's arrays hold: ndim within [0, kMaxDims] (the checks refuse others,
+/// and name them through shape_str first).
+int held_dims(std::int32_t ndim) noexcept { return ndim < 0 ? 0 : ndim > kMaxDims ? kMaxDims : ndim; }
+}  // namespace
+
 std::int64_t TensorView::numel() const noexcept {
+  // Saturates at INT64_MAX: views of a few real bytes may carry huge broadcast shapes.
   std::int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
-  return n;
+  bool saturated = false;
+  for (int d = 0; d < held_dims(ndim); ++d) {
+    if (shape[d] == 0) return 0;
+    if (saturated || __builtin_mul_overflow(n, shape[d], &n)) saturated = true;
+  }
+  return saturated ? std::numeric_limits<std::int64_t>::max() : n;
 }
 
 std::string TensorView::shape_str() const {
   std::string s = "[";
-  for (int d = 0; d < ndim; ++d) {
+  for (int d = 0; d < held_dims(ndim); ++d) {
     if (d) s += ", ";
     s += std::to_string(shape[d]);
   }

@@ -206,6 +206,19 @@ TEST(TensorDlpack, DLPackCodesOfTheFloatTypes) {
   EXPECT_EQ(attnkit::to_dlpack(b).dtype.bits, 8);
 }
 
+TEST(TensorDlpack, ViewsOutOfRangeAreRefused) {
+  float storage[1];
+  TensorView v = TensorView::make(storage, DType::kFloat32, {}, {1});
+  v.dtype = static_cast<DType>(200);
+  EXPECT_THROW(attnkit::to_dlpack(v), attnkit::Error);
+  v.dtype = DType::kFloat32;
+  v.ndim = 7;
+  EXPECT_THROW(attnkit::to_dlpack(v), attnkit::Error);
+  v.ndim = 1;
+  v.device.type = static_cast<attnkit::DeviceType>(7);
+  EXPECT_THROW(attnkit::to_dlpack(v), attnkit::Error);
+}
+
 TEST(TensorDlpack, NullStridesAreContiguousAndByteOffsetIsFolded) {
   float storage[64];
   std::int64_t shape[3] = {2, 3, 4};

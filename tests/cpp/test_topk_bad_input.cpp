@@ -489,6 +489,37 @@ TEST_F(TopkBadInput, OutputNullData) {
   }
 }
 
+// Views filled in by hand (not through TensorView::make) with fields out of range: refused by
+// name before any of their sizes or strides is used.
+TEST_F(TopkBadInput, MalformedViews) {
+  for (std::int32_t ndim : {7, 1 << 30, -1}) {
+    SCOPED_TRACE(ndim);
+    TopkTensors t = valid();
+    t.x.ndim = ndim;
+    expect_error(t, options(), ErrorCode::kShape,
+                 {"x.ndim = " + std::to_string(ndim), "0 to 6 dimensions"});
+  }
+  {
+    TopkTensors t = valid();
+    t.out_indices.device.type = static_cast<attnkit::DeviceType>(7);
+    expect_error(t, options(), ErrorCode::kDevice, {"out_indices is on device type 7"});
+  }
+  {
+    TopkTensors t = valid();
+    t.x.dtype = static_cast<DType>(200);
+    expect_error(t, options(), ErrorCode::kDType, {"x.dtype = unknown (200)"});
+  }
+  // Row strides whose byte offsets wrap around 2^64 would put row 1 over row 0.
+  for (std::int64_t stride : {(std::int64_t{1} << 61) + 1, (std::int64_t{1} << 62) + 1,
+                              std::numeric_limits<std::int64_t>::min()}) {
+    SCOPED_TRACE(stride);
+    TopkTensors t = valid();
+    t.out_indices = TensorView::make(idx64_.at(0), DType::kInt64, kCpu, {kB, kK}, {stride, 1});
+    expect_error(t, options(), ErrorCode::kLayout, {"out_indices has shape [3, 4] and strides",
+                                                    "byte span is 2^62 or more"});
+  }
+}
+
 TEST_F(TopkBadInput, OutputsOverlapEachOther) {
   // out_values over the last bytes of out_indices.
   TopkTensors t = valid();
