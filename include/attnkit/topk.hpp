@@ -114,7 +114,7 @@ enum class TopkBackend : std::uint8_t {
   kReference,  ///< CPU only: a plain stable sort per row; slow, for tests and debugging
 };
 
-/// Options of `topk`; every field has the default of SPEC §1 / the Python API.
+/// Options of `topk`; every field has the default of the Python API (`attnkit.topk`).
 struct TopkOptions {
   std::int64_t k = 0;           ///< number of elements per row; >= 0, may exceed N
   bool largest = true;          ///< select the largest (true) or smallest (false) values

@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -90,9 +91,10 @@ def select_cases(spec: Optional[str], device: str) -> list[Case]:
     if not spec:
         return usable
     chosen: list[Case] = []
-    for pattern in (p.strip() for p in spec.split(",")):
-        if not pattern:
-            continue
+    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+    if not patterns:
+        raise DemoUsageError(f"--cases {spec!r}: no pattern given; --list shows the cases")
+    for pattern in patterns:
         hits = [c for c in usable if fnmatch.fnmatchcase(c.name, pattern)]
         if not hits:
             names = ", ".join(c.name for c in usable)
@@ -606,15 +608,36 @@ def _issue_lines(results: list[CaseResult], device: str) -> list[str]:
     return lines
 
 
+def _check_writable(path: str) -> None:
+    """Refuses a --json path that cannot be written before the run, not after it."""
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise DemoUsageError(f"--json {path}: is a directory")
+    if not os.path.isdir(folder):
+        raise DemoUsageError(f"--json {path}: folder {folder} does not exist")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        raise DemoUsageError(f"--json {path}: not writable")
+    try:  # a scratch file in the folder: the one test that every file system answers
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise DemoUsageError(f"--json {path}: cannot write in {folder}: {e.strerror or e}") from None
+
+
 def run(args) -> int:
     """Entry point of ``attnkit demo``; returns the exit code."""
     if args.threads is not None:
-        if args.threads < 1:
-            raise DemoUsageError(f"--threads {args.threads}: must be >= 1")
+        if not 1 <= args.threads <= 4096:
+            raise DemoUsageError(f"--threads {args.threads}: must be in [1, 4096]")
         _ext.set_num_threads(args.threads)
     repeats = args.repeats if args.repeats is not None else (5 if args.quick else 7)
     if repeats < 1 or args.warmup < 0:
         raise DemoUsageError("--repeats must be >= 1 and --warmup >= 0")
+    if not 0 <= args.seed < 2**32:
+        raise DemoUsageError(f"--seed {args.seed}: must be in [0, 2^32)")
+    if args.json:
+        _check_writable(args.json)
     device, torch = choose_device(args.device)
     if args.list:
         print(case_list(device))

@@ -94,11 +94,11 @@ def cmd_topk(args) -> int:
     from .topk import topk
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise InputError(f"--threads {args.threads}: must be >= 1")
+        if not 1 <= args.threads <= 4096:
+            raise InputError(f"--threads {args.threads}: must be in [1, 4096]")
         set_num_threads(args.threads)
-    if args.k < 0:
-        raise InputError(f"-k {args.k}: must be >= 0")
+    if not 0 <= args.k <= 2**31 - 1:
+        raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     x = load_npy(args.input, "--input", _X_DTYPES, (1, 2))
     rows = {}
     for opt in ("begin", "end", "index_offset"):
@@ -114,6 +114,8 @@ def cmd_topk(args) -> int:
             value_fill=args.value_fill, nan=args.nan, ties=args.ties, **rows)
     except (ValueError, TypeError) as e:
         raise InputError(_one_line(e)) from None
+    except MemoryError:
+        raise InputError(f"-k {args.k}: the [B, k] outputs do not fit in memory") from None
     elapsed = time.perf_counter() - start
 
     arrays = {"indices": indices}

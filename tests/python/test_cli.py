@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The `attnkit` command line: usage and input errors are one line on stderr with exit code 2,
+reported before any work; `attnkit topk` writes what attnkit.topk returns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnkit
+from attnkit import cli
+from conftest import assert_same_result, make_rows, rng_for
+
+
+@pytest.fixture
+def restore_threads():
+    before = attnkit.num_threads()
+    yield
+    attnkit.set_num_threads(before)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["demo", "--quick", "--threads", "5000"], "--threads 5000: must be in [1, 4096]"),
+    (["demo", "--quick", "--seed", "-1"], "--seed -1: must be in [0, 2^32)"),
+    (["demo", "--quick", "--cases", ","], "--cases ',': no pattern given"),
+    (["demo", "--quick", "--cases", "no-such-case"], "no case matches 'no-such-case'"),
+    (["demo", "--quick", "--json", "/nonexistent-folder/out.json"], "does not exist"),
+])
+def test_demo_usage_errors(argv, fragment, capsys, restore_threads):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_demo_json_folder_is_refused_before_the_run(tmp_path, capsys):
+    assert cli.main(["demo", "--quick", "--json", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "is a directory" in err and "checks:" not in out  # no case ran
+
+
+def test_topk_command_writes_the_op_result(tmp_path, capsys):
+    x = make_rows("normal@1", (3, 200), "float32", rng_for("cli_topk"))
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "top.npz"
+    assert cli.main(["topk", "--input", str(tmp_path / "x.npy"), "-k", "7", "--sorted", "value",
+                     "--output", str(out)]) == 0
+    got = np.load(out)
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 7, sorted="value"),
+                       "attnkit topk command")
+
+
+@pytest.mark.parametrize("k, fragment", [(-1, "-k -1: must be in [0, 2^31 - 1]"),
+                                         (2**31, "-k 2147483648: must be in [0, 2^31 - 1]")])
+def test_topk_command_refuses_k_out_of_range(tmp_path, k, fragment, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    argv = ["topk", "--input", str(tmp_path / "x.npy"), "-k", str(k), "--output",
+            str(tmp_path / "o.npz")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+    assert not (tmp_path / "o.npz").exists()
