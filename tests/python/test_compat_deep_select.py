@@ -156,3 +156,24 @@ def test_numpy_input():
     values, indices = deep_select.topk(x, 5, sorted=True)
     assert isinstance(values, np.ndarray)
     assert_same_result((values, indices), topk_reference(x, 5, sorted="value"), "numpy input")
+
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    (dict(topk=-1), ValueError, "topk: topk = -1"),
+    (dict(topk=3, indices_type="int32", idx_oob_fill_value=2**40), ValueError,
+     "idx_oob_fill_value = 1099511627776"),
+    (dict(topk=3, output_idx=np.zeros((3, 2), np.int64)), ValueError, "output_idx has shape"),
+    (dict(topk=3, output_idx_offset=np.zeros(2, np.int64)), ValueError,
+     "output_idx_offset has shape"),
+    (dict(topk=3, nan_row=True), ValueError, "input[1, 4] is NaN"),
+    (dict(topk=3, float64=True), TypeError, "input.dtype = float64"),
+])
+def test_errors_name_deep_select_arguments(kwargs, error, fragment):
+    x = make_rows("normal@1", (3, 10), "float32", rng_for("ds_errors"))
+    if kwargs.pop("nan_row", False):
+        x[1, 4] = np.nan
+    if kwargs.pop("float64", False):
+        x = x.astype(np.float64)
+    with pytest.raises(error) as info:
+        deep_select.topk(x, **kwargs)
+    assert fragment in str(info.value)

@@ -14,9 +14,30 @@ raises ValueError instead of trapping the CUDA context. ``begin`` and ``hint`` a
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional, Tuple
 
 from ..topk import topk as _topk
+
+# attnkit's argument names in error messages -> DeepSelect's.
+_NAMES = [
+    (re.compile(r"\bindex_fill\b"), "idx_oob_fill_value"),
+    (re.compile(r"\bvalue_fill\b"), "value_oob_fill_value"),
+    (re.compile(r"\bindex_offset\b"), "output_idx_offset"),
+    (re.compile(r"\bout_indices\b"), "output_idx"),
+    (re.compile(r"\bindices_dtype\b"), "indices_type"),
+    (re.compile(r"\breturn_values\b"), "return_value"),
+    (re.compile(r'\bnan = "raise"'), "abort_when_nan_found = True"),
+    (re.compile(r"^topk: k = "), "topk: topk = "),
+    (re.compile(r"\bx(?=\[|\.|'s\b| has\b| is\b|$)"), "input"),
+]
+
+
+def _in_deep_select_terms(e: Exception) -> Exception:
+    message = str(e)
+    for pattern, name in _NAMES:
+        message = pattern.sub(name, message)
+    return type(e)(message)
 
 
 def topk(
@@ -44,9 +65,12 @@ def topk(
         raise ValueError("topk: sorted and sorted_index cannot both be True")
     del hint
     order = "value" if sorted else ("index" if sorted_index else "none")
-    return _topk(
-        input, topk, largest=True, sorted=order, begin=begin, end=end,
-        indices_dtype=indices_type if indices_type is not None else "int64",
-        return_values=return_value, out_indices=output_idx, index_offset=output_idx_offset,
-        index_fill=idx_oob_fill_value, value_fill=value_oob_fill_value,
-        nan="raise" if abort_when_nan_found else "largest")
+    try:
+        return _topk(
+            input, topk, largest=True, sorted=order, begin=begin, end=end,
+            indices_dtype=indices_type if indices_type is not None else "int64",
+            return_values=return_value, out_indices=output_idx, index_offset=output_idx_offset,
+            index_fill=idx_oob_fill_value, value_fill=value_oob_fill_value,
+            nan="raise" if abort_when_nan_found else "largest")
+    except (ValueError, TypeError) as e:  # the caller's argument names, not attnkit's
+        raise _in_deep_select_terms(e) from None
