@@ -695,7 +695,7 @@ def run(args) -> int:
               f"reference backend: indices exactly, values bit for bit.")
     issue = _issue_lines(timed, device)
     if issue:
-        print("Issue benchmark cases (attnkit speed-up):")
+        print("Tracked cases (the -issue ones; attnkit speed-up):")
         print("\n".join(issue))
     failed = [r for r in results if r.check != "ok"]
     for r in results:
