@@ -19,8 +19,8 @@ void set_num_threads(int n);
 /// True when this build contains the CUDA backend.
 bool cuda_available_in_build() noexcept;
 
-/// One line per fact: version, compiler, CUDA targets compiled in, CUDA devices visible and
-/// the variant each would run.
+/// One line per fact: version, compiler, CPU threads, CUDA runtime and driver and the targets
+/// compiled in, and each visible CUDA device (name, compute capability, SMs, memory).
 std::string build_info();
 
 }  // namespace attnkit

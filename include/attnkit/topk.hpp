@@ -32,7 +32,8 @@
 /// Bitwise deterministic on every backend; no atomics decide what or where anything is written.
 ///
 /// \par Complexity and bytes moved
-/// Each valid element is read once (k <= 4096 on CUDA; the CPU always reads once). Writes are
+/// Each valid element is read once (k <= 4096 on CUDA), plus a small sample of long rows and,
+/// rarely, a second read of a row whose sample overestimated it (docs/topk.md). Writes are
 /// `B * k` indices, plus `B * k` values when `out_values` is given. Work is
 /// `O(N + k log(N / k))` per row in expectation on random data (see docs/topk.md for the bound
 /// and its worst case, rows sorted ascending).

@@ -127,7 +127,8 @@ def topk(
     check : bool, optional
         Validate ``begin``/``end``/``index_offset`` values and raise on bad ones. Default: on
         for CPU tensors, off for CUDA tensors (where it costs one sync); when off, kernels clamp
-        them so that no access is out of bounds.
+        ``begin``/``end`` into ``[0, N]`` so that no access is out of bounds, and an
+        out-of-range ``index + index_offset`` wraps as two's-complement arithmetic.
     backend : {"auto", "reference"}
         "reference" runs the plain CPU reference (a stable sort per row), for testing.
 
@@ -147,10 +148,14 @@ def topk(
         overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options,
         ``out_values`` given with ``return_values=False``.
     TypeError
-        Unsupported dtypes; a k that is not an integer.
+        Unsupported dtypes; non-integer ``k``/``index_fill``, non-bool ``largest``/
+        ``return_values``; arguments that are not arrays; masked arrays, non-strided tensors.
+    NotImplementedError
+        Under ``torch.func.grad``/``jvp`` (and ``jacrev``, ``jacfwd``, ``hessian``).
     RuntimeError
-        A CUDA runtime failure; caller buffers with an ``x`` that requires grad, or caller
-        buffers that require grad (grad mode on). Caller torch buffers that were written get
+        A CUDA runtime failure; caller buffers with an ``x`` that requires grad (values asked
+        for), caller buffers that require grad (grad mode on), inference-tensor buffers outside
+        ``torch.inference_mode``. Caller torch buffers that were written get
         their version counters bumped, so that autograd refuses a stale saved copy.
 
     Notes
@@ -159,8 +164,8 @@ def topk(
     (``end``, ``index_offset``, fills, ``return_values``, index-sorted output), with DeepSelect's
     limits lifted: any k, any N up to 2^31 - 1, any stride, checked ``end``, no trap on NaN.
     The output is deterministic. With torch tensors the op runs on torch's current CUDA stream;
-    inside ``torch.compile`` it dispatches to ``torch.ops.attnkit.topk``
-    (see ``attnkit.torch``). Algorithm and measured speed: docs/topk.md.
+    inside ``torch.compile``, ``torch.jit.trace``, dispatch modes and ``torch.func.vmap`` it
+    dispatches to ``torch.ops.attnkit.topk`` (see ``attnkit.torch``). Algorithm and measured speed: docs/topk.md.
 
     Examples
     --------

@@ -4,8 +4,9 @@
 Importing this module registers every op with ``torch.library`` (schema, CPU and CUDA kernels,
 a fake kernel for shape propagation and an autograd formula), so that the ops work inside
 ``torch.compile(fullgraph=True)``, in CUDA graph capture and under autograd. ``attnkit.topk``
-called on torch tensors routes here by itself inside ``torch.compile`` and when autograd must
-record the call; other eager calls skip the dispatcher.
+called on torch tensors routes here by itself inside ``torch.compile``, ``torch.jit.trace``, a
+dispatch mode (``make_fx``, FakeTensorMode) or a ``torch.func`` transform (``vmap``), and when
+autograd must record the call; other eager calls skip the dispatcher.
 
 Ops
 ---
@@ -13,8 +14,8 @@ Ops
 ScalarType? indices_dtype, bool return_values, Tensor? index_offset, int index_fill,
 float? value_fill, str nan, str ties, bool? check) -> (Tensor values, Tensor indices)``
     ``values`` is an empty tensor when ``return_values`` is False. Differentiable in ``x``:
-    the gradient of a selected value flows to its element; padding slots (index equal to
-    ``index_fill``) carry none.
+    the gradient of a selected value flows to its element; padding slots (those after a row's
+    first min(k, selectable) entries) carry none.
 
 ``attnkit::topk_out(..., Tensor(a!)? out_values, Tensor(b!) out_indices) -> ()``
     Writes caller buffers in place.
