@@ -27,6 +27,9 @@ def num_threads() -> int:
     return _ext.num_threads()
 
 
+_MAX_THREADS = 4096  # the CPU pool's largest size (src/core/thread_pool.cpp)
+
+
 def set_num_threads(n: int) -> None:
     """Resizes the CPU thread pool; ``1 <= n <= 4096``. Raises ValueError otherwise, TypeError
     for a non-integer."""
@@ -36,8 +39,8 @@ def set_num_threads(n: int) -> None:
         n = _operator.index(n)
     except TypeError:
         raise TypeError(f"set_num_threads: n = {n!r}; expected an integer") from None
-    if not 1 <= n <= 4096:  # also keeps n within the C++ int it crosses as
-        raise ValueError(f"set_num_threads: n = {n} must be in [1, 4096]")
+    if not 1 <= n <= _MAX_THREADS:  # also keeps n within the C++ int it crosses as
+        raise ValueError(f"set_num_threads: n = {n} must be in [1, {_MAX_THREADS}]")
     _ext.set_num_threads(n)
 
 

@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _arrays, _ext
-from . import __version__
+from . import _MAX_THREADS, __version__
 from .topk import topk as _topk
 
 # ---------------------------------------------------------------------------------------------
@@ -628,8 +628,8 @@ def _check_writable(path: str) -> None:
 def run(args) -> int:
     """Entry point of ``attnkit demo``; returns the exit code."""
     if args.threads is not None:
-        if not 1 <= args.threads <= 4096:
-            raise DemoUsageError(f"--threads {args.threads}: must be in [1, 4096]")
+        if not 1 <= args.threads <= _MAX_THREADS:
+            raise DemoUsageError(f"--threads {args.threads}: must be in [1, {_MAX_THREADS}]")
         _ext.set_num_threads(args.threads)
     repeats = args.repeats if args.repeats is not None else (5 if args.quick else 7)
     if repeats < 1 or args.warmup < 0:

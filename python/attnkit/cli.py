@@ -90,12 +90,12 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
 def cmd_topk(args) -> int:
     import numpy as np
 
-    from . import set_num_threads
+    from . import _MAX_THREADS, set_num_threads
     from .topk import topk
 
     if args.threads is not None:
-        if not 1 <= args.threads <= 4096:
-            raise InputError(f"--threads {args.threads}: must be in [1, 4096]")
+        if not 1 <= args.threads <= _MAX_THREADS:
+            raise InputError(f"--threads {args.threads}: must be in [1, {_MAX_THREADS}]")
         set_num_threads(args.threads)
     if not 0 <= args.k <= 2**31 - 1:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
