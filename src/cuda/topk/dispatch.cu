@@ -156,18 +156,29 @@ PathChoice path_choice() {
 /// stays within one GPC: an H200 holds seven clusters of ten or thirteen such CTAs), but two
 /// waves still beat the filter kernel: 8 x 151936 fp32 k=50 31.7 us against 33.0-33.2, 8 x
 /// 202048 k=1024 39.1 against 56.4 (runs 72, 75).
-bool use_cluster_kernel(const TopkProblem& p, int sms) {
+/// When it does, `ctas` and `threads` receive the CTAs per row and the threads per CTA.
+bool use_cluster_kernel(const TopkProblem& p, int sms, int& ctas, int& threads) {
   const PathChoice choice = path_choice();
   if (choice == PathChoice::kFilter || p.row_len > cuda::kClusterMaxLen) return false;
   const bool wide = wide_batch_clusters(p);
-  const int ctas = short_cluster_ctas(p.row_len, wide);
-  const int threads = short_cluster_threads(p.row_len, wide);
-  if (ctas > 1 && cluster_limit(p, threads) < ctas) return false;
-  if (choice == PathChoice::kCluster) return true;
-  if (threads == cuda::kWideClusterThreads) return p.batch * ctas <= sms;
-  const bool four = p.dtype != DType::kFloat32 && ctas >= 8;  // 16-bit, > 32K columns
-  const std::int64_t max_ctas = (four ? 4 : 2) * static_cast<std::int64_t>(sms);
-  return ctas > 1 && p.batch * ctas <= max_ctas;
+  const int c = short_cluster_ctas(p.row_len, wide);
+  const int t = short_cluster_threads(p.row_len, wide);
+  if (c > 1 && cluster_limit(p, t) < c) return false;
+  bool take = true;
+  if (choice != PathChoice::kCluster) {
+    if (t == cuda::kWideClusterThreads) {
+      take = p.batch * c <= sms;
+    } else {
+      const bool four = p.dtype != DType::kFloat32 && c >= 8;  // 16-bit, > 32K columns
+      const std::int64_t max_ctas = (four ? 4 : 2) * static_cast<std::int64_t>(sms);
+      take = c > 1 && p.batch * c <= max_ctas;
+    }
+  }
+  if (take) {
+    ctas = c;
+    threads = t;
+  }
+  return take;
 }
 
 /// Start offset of row i's segment in the flat [B, k] array of ranked keys.
@@ -244,12 +255,9 @@ Launch make_launch(const TopkProblem& p) {
     const std::int64_t want = 4 * static_cast<std::int64_t>(sms) / p.batch;
     const std::int64_t by_length = p.row_len / cuda::kArgmaxMinSlice;
     plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min(want, by_length), 1, 64));
-  } else if (use_cluster_kernel(p, sms)) {
+  } else if (use_cluster_kernel(p, sms, plan.cluster_ctas, plan.cluster_threads)) {
     // Rows in the registers of one cluster: one sampled threshold, one select, no rounds.
     plan.path = TopkPath::kCluster;
-    const bool wide = wide_batch_clusters(p);
-    plan.cluster_ctas = short_cluster_ctas(p.row_len, wide);
-    plan.cluster_threads = short_cluster_threads(p.row_len, wide);
     plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
   } else if (p.row_len <= cuda::kShortMaxLen) {
     // Rows that fit the registers of one CTA: one select, no rounds.
