@@ -9,10 +9,11 @@
   tensor and on the same bytes copied to the CPU (CPU backend) and requires identical results:
   indices exactly, values bit for bit, the same error outcome; with ties="any" only what SPEC
   section 1 defines is compared (a valid top-k set, the padding, the order). With --ref the CPU
-  result is also checked against the independent torch reference below. check=None (the
-  default) means "off" on CUDA, so the CPU side then runs with check=False (clamped ranges).
---device cpu: the CPU backend against an independent torch reference (float64 keys, stable
-  descending sort; NaN above +inf; -0.0 == +0.0; ties by lowest column).
+  result is also checked against the test suite's NumPy reference (tests/python/reference.py).
+  check=None (the default) means "off" on CUDA, so the CPU side then runs with check=False
+  (clamped ranges).
+--device cpu: the CPU backend against that reference (float64 keys, a stable sort; NaN above
+  +inf; -0.0 == +0.0; ties by lowest column).
 
 Each case is drawn from random.Random(f"{seed}:{case}") alone, so `--seed N --case I`
 replays case I exactly (add --verbose for the full parameters).  Exit status 1 when any
@@ -30,15 +31,22 @@ import sys
 import time
 import traceback
 
+import ml_dtypes
+import numpy as np
 import torch
 
 import attnkit
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests",
+                                "python"))
+from reference import topk_reference  # noqa: E402  (the test suite's independent reference)
 
 # ----------------------------------------------------------------------------------------------
 # constants
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 BITS_DT = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+NP_DT = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16, torch.float32: np.float32}
 IDX_DT = {"int32": torch.int32, "int64": torch.int64}
 SENT_V = {torch.int16: 0x5A5A, torch.int32: 0x5A5A5A5A}
 SENT_I = {torch.int32: 0x5A5A5A5A, torch.int64: 0x5A5A5A5A5A5A5A5A}
@@ -486,35 +494,28 @@ def expected_error(p, t, checked):
     return None
 
 
+def to_numpy(x):
+    """x's bits as a NumPy array of the same float dtype (ml_dtypes' for bfloat16)."""
+    return bits(x.contiguous()).numpy().view(NP_DT[x.dtype])
+
+
 def reference(p, t):
-    """Expected (values bits [B,k] or None, indices [B,k]) on the CPU, from a stable sort."""
+    """Expected (values bits [B,k] or None, indices [B,k]) from the test suite's NumPy
+    reference (tests/python/reference.py), and the rank keys check_any compares with."""
     B, N, k = p["B"], p["N"], p["k"]
-    x = t["x"]
-    x2 = x.reshape(1, -1) if x.dim() == 1 else x
-    largest = p["largest"]
+    x2 = t["x"].reshape(1, -1) if t["x"].dim() == 1 else t["x"]
     nan = opt(p, "nan", "largest")
     lo, hi = clamp_ranges(t["begin"], t["end"], B, N)
-    r = rank_keys(x2, lo, hi, largest, nan)
-    perm = torch.sort(r, dim=1, descending=True, stable=True).indices
-    kk = min(k, N)
+    values, indices = topk_reference(
+        to_numpy(x2), k, largest=p["largest"], sorted=opt(p, "sorted", "none"),
+        begin=np.array(lo, dtype=np.int64), end=np.array(hi, dtype=np.int64),
+        index_offset=None if t["offsets"] is None else np.array(t["offsets"], dtype=np.int64),
+        index_fill=opt(p, "index_fill", -1), value_fill=opt(p, "value_fill", None),
+        nan="largest" if nan == "raise" else nan)  # "raise" reaches here only without NaN
+    vb = torch.from_numpy(values.view(np.dtype(f"i{values.itemsize}")).copy()) if p["rv"] else None
+    r = rank_keys(x2, lo, hi, p["largest"], nan)
     cnt = (r > float("-inf")).sum(1).clamp(max=k)
-    j = torch.arange(k)
-    pad = j[None, :] >= cnt[:, None]
-    col = torch.zeros(B, k, dtype=torch.int64)
-    col[:, :kk] = perm[:, :kk]
-    order = opt(p, "sorted", "none")
-    if order in ("none", "index", False):
-        col = torch.sort(torch.where(pad, N + j[None, :], col), dim=1).values
-    col = torch.where(pad, 0, col)
-    vb = None
-    if p["rv"]:
-        fill_v = opt(p, "value_fill", float("-inf") if largest else float("inf"))
-        fbits = bits(torch.tensor([fill_v], dtype=torch.float64).to(x.dtype))[0]
-        vb = torch.where(pad, fbits, bits(x2.contiguous()).gather(1, col))
-    off = torch.zeros(B, 1, dtype=torch.int64) if t["offsets"] is None else \
-        torch.tensor(t["offsets"], dtype=torch.int64)[:, None]
-    idx = torch.where(pad, opt(p, "index_fill", -1), col + off)
-    return vb, idx, r, cnt
+    return vb, torch.from_numpy(indices.copy()), r, cnt
 
 
 # ----------------------------------------------------------------------------------------------

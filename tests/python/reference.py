@@ -11,8 +11,8 @@ Per row b, the candidates are the columns of ``[begin[b], end[b])``, without NaN
 
 The first k are kept; the output order is ascending column for ``"none"``/``"index"`` and
 preference order for ``"value"``. Slots past the row's candidates are padding: ``index_fill``
-and ``value_fill`` (default ``-inf`` when ``largest``, ``+inf`` otherwise; rounded to float32,
-then to x's dtype, as a torch scalar fill is). Values are copied
+and ``value_fill`` (default ``-inf`` when ``largest``, ``+inf`` otherwise; rounded once, to
+nearest even, from the double given to x's dtype). Values are copied
 bit for bit from ``x``; ``index_offset[b]`` is added to every non-padding index.
 """
 
