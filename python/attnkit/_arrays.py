@@ -15,6 +15,9 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+# Imported here, not on first use through np.ma: a lazy import inside a call holds Python's
+# module lock, which a process forked meanwhile inherits held (its first call would hang).
+import numpy.ma
 
 # attnkit::DType enumerators, in order.
 DTYPE_NAMES = (

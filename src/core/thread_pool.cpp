@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/thread_pool.hpp"
 
+#include <pthread.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -30,11 +32,38 @@ int default_thread_count() {
 // which costs tens of microseconds: about the time of a whole small top-k.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(500);
 
+// The process-wide pool. Never deleted: a forked child drops it without touching it (see
+// forget_pool_in_child), and at exit its workers are left asleep rather than joined.
+std::atomic<ThreadPool*> g_pool{nullptr};
+std::atomic<int> g_forked_size{0};  // the pool size a forked child starts again with
+std::atomic<bool> g_atfork_registered{false};
+
+// In a child forked while the pool ran a job, only the forking thread exists: the workers are
+// gone and the pool's locks may be held by threads that will never release them (the next
+// call would wait forever). The child forgets that pool and the next call starts a new one of
+// the same size, as torch's intra-op pool does.
+void forget_pool_in_child() noexcept {
+  if (ThreadPool* old = g_pool.load(std::memory_order_relaxed)) {
+    g_forked_size.store(old->size(), std::memory_order_relaxed);
+  }
+  g_pool.store(nullptr, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 ThreadPool& ThreadPool::global() {
-  static ThreadPool pool(default_thread_count());
-  return pool;
+  if (ThreadPool* pool = g_pool.load(std::memory_order_acquire)) return *pool;
+  if (!g_atfork_registered.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, forget_pool_in_child);
+  }
+  const int forked = g_forked_size.load(std::memory_order_relaxed);
+  auto* fresh = new ThreadPool(forked > 0 ? forked : default_thread_count());
+  ThreadPool* expected = nullptr;
+  if (!g_pool.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) {
+    delete fresh;  // another thread's pool won
+    return *expected;
+  }
+  return *fresh;
 }
 
 ThreadPool::ThreadPool(int num_threads) { start(num_threads); }

@@ -400,10 +400,13 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     return;
   }
 
-  // Phase 1: each (row, segment) task keeps its own best k, in column order.
+  // Phase 1: each (row, segment) task keeps its own best k, in column order. A segment yields
+  // at most its own length, so the lists take no more than the rows whatever the thread count.
   const std::int64_t tasks = p.batch * segments;
-  std::vector<std::uint32_t> seg_score(static_cast<std::size_t>(tasks) * k);
-  std::vector<std::uint32_t> seg_col(static_cast<std::size_t>(tasks) * k);
+  const std::size_t seg_k =
+      std::min(k, static_cast<std::size_t>((p.row_len + segments - 1) / segments));
+  std::vector<std::uint32_t> seg_score(static_cast<std::size_t>(tasks) * seg_k);
+  std::vector<std::uint32_t> seg_col(static_cast<std::size_t>(tasks) * seg_k);
   std::vector<std::size_t> seg_count(static_cast<std::size_t>(tasks));
   pool.parallel_for(tasks, [&](std::int64_t t) {
     Candidates& c = t_candidates;
@@ -412,8 +415,8 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     const std::int64_t len = r.hi - r.lo;
     const std::int64_t lo = r.lo + len * s / segments, hi = r.lo + len * (s + 1) / segments;
     const std::size_t n = scan_segment<Traits>(x + b * p.row_stride, lo, hi, k, sp, c);
-    std::copy_n(c.score.data(), n, seg_score.data() + t * k);
-    std::copy_n(c.col.data(), n, seg_col.data() + t * k);
+    std::copy_n(c.score.data(), n, seg_score.data() + t * seg_k);
+    std::copy_n(c.col.data(), n, seg_col.data() + t * seg_k);
     seg_count[t] = n;
   });
   // Phase 2: segments are consecutive column ranges, so their lists concatenate in column
@@ -426,8 +429,8 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     n = 0;
     for (std::int64_t s = 0; s < segments; ++s) {
       const std::int64_t t = b * segments + s;
-      std::copy_n(seg_score.data() + t * k, seg_count[t], c.score.data() + n);
-      std::copy_n(seg_col.data() + t * k, seg_count[t], c.col.data() + n);
+      std::copy_n(seg_score.data() + t * seg_k, seg_count[t], c.score.data() + n);
+      std::copy_n(seg_col.data() + t * seg_k, seg_count[t], c.col.data() + n);
       n += seg_count[t];
     }
     if (n > k) {

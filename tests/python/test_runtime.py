@@ -129,3 +129,59 @@ def test_repeated_calls_are_bit_identical():
         again = attnkit.topk(x, 2000, ties="any")
         assert np.array_equal(again[1], first[1])
         assert np.array_equal(bits(again[0]), bits(first[0]))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_while_another_thread_is_inside_topk(restore_threads):
+    # A child forked mid-call inherits the pool's locks as the parent's workers held them, but
+    # not the workers: its own first call must still run (torch.topk's pool copes too).
+    attnkit.set_num_threads(4)
+    x = np.random.default_rng(3).random((4, 200_000), dtype=np.float32)
+    want = topk_reference(x, 50)[1]
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            attnkit.topk(x, 50)
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    hung = []
+    try:
+        for _ in range(6):
+            pid = os.fork()
+            if pid == 0:  # the child: one ordinary call, checked
+                ok = np.array_equal(attnkit.topk(x, 50).indices, want)
+                os._exit(0 if ok else 3)
+            for _ in range(2000):  # up to 20 s
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert os.waitstatus_to_exitcode(status) == 0
+                    break
+                threading.Event().wait(0.01)
+            else:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                hung.append(pid)
+    finally:
+        stop.set()
+        worker.join()
+    assert not hung, f"{len(hung)} of 6 forked children hung in their first attnkit.topk"
+
+
+def test_split_rows_scratch_does_not_grow_with_threads():
+    # One long row split over many threads with k = N: the per-segment lists hold at most their
+    # segment, so the peak memory stays near the row's size (2^22 fp32: 16 MiB in, 16 MiB out)
+    # whatever the thread count (it grew by 2 x 8 bytes x k a thread).
+    code = (
+        "import resource, numpy as np, attnkit\n"
+        "attnkit.set_num_threads(32)\n"
+        "x = np.random.default_rng(0).standard_normal((1, 1 << 22)).astype(np.float32)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "r = attnkit.topk(x, 1 << 22, indices_dtype='int32', return_values=False)\n"
+        "assert np.array_equal(np.sort(r.indices[0]), np.arange(1 << 22))\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    grown_mib = int(out.stdout.strip().splitlines()[-1])
+    assert grown_mib < 200, f"peak memory grew by {grown_mib} MiB for a 16 MiB row"
