@@ -73,6 +73,14 @@ def array_dtype_name(a: Any, name: str) -> str:
         raise TypeError(f"topk: {name}.dtype = {a.dtype}; attnkit has no such dtype") from None
 
 
+def check_byte_order(a: np.ndarray, name: str) -> None:
+    """TypeError naming `name` when a NumPy array is not in the machine's byte order."""
+    if not a.dtype.isnative:
+        raise TypeError(f"topk: {name}.dtype = {a.dtype.str} is not in this machine's byte "
+                        f"order, which attnkit reads; pass {name}.astype("
+                        f"{name}.dtype.newbyteorder('='))")
+
+
 def check_array(a: Any, name: str) -> None:
     """NumPy arrays, torch tensors and DLPack producers pass; anything else (lists, tuples,
     memoryviews, ctypes arrays) is refused by name rather than guessed at."""
@@ -122,6 +130,7 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     if isinstance(a, np.ndarray):
         if writable and not a.flags.writeable:
             raise ValueError(f"topk: {name} is read-only; outputs must be writable")
+        check_byte_order(a, name)
         try:
             code = DTYPE_CODES[_NUMPY_NAMES[a.dtype]]
         except KeyError:

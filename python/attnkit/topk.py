@@ -144,14 +144,17 @@ def topk(
     Raises
     ------
     ValueError
-        Bad shapes, negative k, out-of-range ``begin``/``end``/``index_offset`` (when checked),
+        Bad shapes, nested tensors, tensors on the meta device, negative k, out-of-range ``begin``/``end``/``index_offset`` (when checked),
         overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options,
         ``out_values`` given with ``return_values=False``.
     TypeError
-        Unsupported dtypes; non-integer ``k``/``index_fill``, non-bool ``largest``/
-        ``return_values``; arguments that are not arrays; masked arrays, non-strided tensors.
+        Unsupported dtypes (NumPy ones not in the machine's byte order among them); non-integer
+        ``k``/``index_fill``, non-bool ``largest``/``return_values``; arguments that are not
+        arrays; masked arrays, non-strided tensors.
     NotImplementedError
-        Under ``torch.func.grad``/``jvp`` (and ``jacrev``, ``jacfwd``, ``hessian``).
+        Under ``torch.func.grad``/``jvp`` (and ``jacrev``, ``jacfwd``, ``hessian``), with
+        forward-mode AD (dual tensors, ``torch.func.linearize``) when values are asked for,
+        and with caller buffers under ``torch.func.vmap``.
     RuntimeError
         A CUDA runtime failure; caller buffers with an ``x`` that requires grad (values asked
         for), caller buffers that require grad (grad mode on), inference-tensor buffers outside
@@ -225,6 +228,11 @@ def topk(
     if _arrays.is_torch(x):
         import torch
 
+        if x.is_nested:
+            raise ValueError("topk: x is a nested tensor; pass a dense [B, N] tensor, e.g. "
+                             "x.to_padded_tensor(0.0) with end = the rows' lengths")
+        if return_values:
+            _refuse_forward_ad(torch, x)
         # Inside torch.compile, and whenever autograd must see the op, go through the
         # dispatcher (torch.ops.attnkit.topk, registered by attnkit.torch).
         needs_grad = return_values and x.requires_grad and torch.is_grad_enabled()
@@ -240,6 +248,8 @@ def topk(
             from . import torch as _torch_ops
 
             _refuse_func_differentiation(torch)
+            if out_values is not None or out_indices is not None:
+                _refuse_vmapped_buffers(torch)
             # The op's schema takes the options in one spelling each.
             return TopkResult(*_torch_ops._dispatched_topk(
                 x, k, largest=bool(largest), sorted=_ORDER_NAMES[order], begin=begin, end=end,
@@ -335,6 +345,31 @@ def _refuse_func_differentiation(torch: Any) -> None:
             "topk: torch.func's grad/jvp transforms (grad, jacrev, jacfwd, hessian) cannot "
             "differentiate attnkit.topk; use torch.autograd (values.sum().backward()) instead. "
             "torch.func.vmap works")
+
+
+def _refuse_forward_ad(torch: Any, x: Any) -> None:
+    """Forward-mode AD (torch.autograd.forward_ad dual tensors, torch.func.linearize) would
+    lose x's tangent: the op has a backward formula only. A clear error instead."""
+    forward_ad = torch.autograd.forward_ad
+    if forward_ad._current_level >= 0 and forward_ad.unpack_dual(x).tangent is not None:
+        raise NotImplementedError(
+            "topk: forward-mode AD (dual tensors, torch.func.linearize) cannot differentiate "
+            "attnkit.topk; use torch.autograd (values.sum().backward()), or gather the tangent "
+            "at the returned indices")
+
+
+def _refuse_vmapped_buffers(torch: Any) -> None:
+    """Under torch.func.vmap the op cannot write caller buffers (no batching rule for the
+    in-place op): a clear error instead of torch's."""
+    if torch.compiler.is_compiling():
+        return
+    from torch._C._functorch import TransformType
+
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    if any(i.key() == TransformType.Vmap for i in stack):
+        raise NotImplementedError(
+            "topk: out_values/out_indices cannot be used under torch.func.vmap; call without "
+            "them and vmap returns the batched results")
 
 
 def _aligned(view: tuple) -> tuple:

@@ -65,9 +65,22 @@ def _topk_impl(x, k, largest=True, sorted="none", begin=None, end=None, indices_
     return values, indices
 
 
+def _refuse_meta_arguments(x, **tensors):
+    """The dispatcher sends a call to the fake kernel when any tensor is on the meta device.
+    With a real x that is a mistake (no data to read or write): refused as the eager path
+    refuses it, rather than answered with uninitialised outputs."""
+    if x.device.type == "meta":
+        return
+    for name, t in tensors.items():
+        if t is not None and t.device.type == "meta":
+            raise ValueError(f"topk: {name} is on device meta while x is on {x.device}; attnkit "
+                             "runs on cpu and cuda tensors")
+
+
 def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
                return_values=True, index_offset=None, index_fill=-1, value_fill=None,
                nan="largest", ties="lowest_index", check=None):
+    _refuse_meta_arguments(x, begin=begin, end=end, index_offset=index_offset)
     shape = _out_shape(x, k)
     values = x.new_empty(shape) if return_values else x.new_empty((0,))
     return values, x.new_empty(shape, dtype=indices_dtype or torch.int64)
@@ -84,6 +97,8 @@ def _topk_out_impl(x, k, largest, sorted, begin, end, index_offset, index_fill, 
 
 def _topk_out_fake(x, k, largest, sorted, begin, end, index_offset, index_fill, value_fill, nan,
                    ties, check, out_values, out_indices):
+    _refuse_meta_arguments(x, begin=begin, end=end, index_offset=index_offset,
+                           out_values=out_values, out_indices=out_indices)
     return None
 
 
@@ -146,13 +161,17 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
     # The op's schema takes tensors: NumPy begin/end/index_offset become tensors (zero-copy,
     # or a copy of the [B] values where torch cannot view them, e.g. negative strides); lists
     # and other non-arrays are refused as on the eager path.
+    # Dynamo traces NumPy arrays as tensors already and reads none of their attributes.
+    compiling = torch.compiler.is_compiling()
     for name, v in (("begin", begin), ("end", end), ("index_offset", index_offset)):
-        if v is not None:
+        if v is not None and not compiling:
             _arrays.check_array(v, name)
+            if isinstance(v, np.ndarray):
+                _arrays.check_byte_order(v, name)
     begin, end, index_offset = (
         v if v is None or isinstance(v, torch.Tensor)
-        else torch.as_tensor(v.copy() if isinstance(v, np.ndarray) and min(v.strides, default=0) < 0
-                             else v)
+        else torch.as_tensor(v.copy() if not compiling and isinstance(v, np.ndarray)
+                             and any(s < 0 for s in v.strides) else v)
         for v in (begin, end, index_offset))
     if isinstance(indices_dtype, str):
         indices_dtype = getattr(torch, indices_dtype)

@@ -105,9 +105,11 @@ TensorView view_of(const Array& a, const char* name) {
 /// inputs (JAX exports its arrays so) and refused by name as outputs (`writable`).
 TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, bool writable) {
   auto not_dlpack = [&] {
-    return nb::type_error((std::string(name) + " is a " +
+    // Python checked that obj's type has __dlpack__: the export itself failed.
+    return nb::type_error(("topk: " + std::string(name) + " (a " +
                            nb::cast<std::string>(nb::str(obj.type())) +
-                           "; expected an array or tensor supporting DLPack")
+                           ") could not be read through DLPack: its __dlpack__ raised or gave "
+                           "no DLPack capsule; pass a NumPy array or a torch tensor")
                               .c_str());
   };
   if (writable) {

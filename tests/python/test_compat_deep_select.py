@@ -167,6 +167,8 @@ def test_numpy_input():
      "output_idx_offset has shape"),
     (dict(topk=3, nan_row=True), ValueError, "input[1, 4] is NaN"),
     (dict(topk=3, float64=True), TypeError, "input.dtype = float64"),
+    (dict(topk=2, indices_type="int32", overlapping_output=True), ValueError,
+     "output_idx overlaps input;"),
 ])
 def test_errors_name_deep_select_arguments(kwargs, error, fragment):
     x = make_rows("normal@1", (3, 10), "float32", rng_for("ds_errors"))
@@ -174,6 +176,8 @@ def test_errors_name_deep_select_arguments(kwargs, error, fragment):
         x[1, 4] = np.nan
     if kwargs.pop("float64", False):
         x = x.astype(np.float64)
+    if kwargs.pop("overlapping_output", False):
+        kwargs["output_idx"] = x.view(np.int32)[:, 4:6]
     with pytest.raises(error) as info:
         deep_select.topk(x, **kwargs)
     assert fragment in str(info.value)

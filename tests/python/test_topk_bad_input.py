@@ -414,3 +414,22 @@ def test_bad_row_vector_is_named_before_large_outputs_are_allocated(arg):
     x = np.zeros((3, 10), np.float32)
     with pytest.raises(ValueError, match=f"{arg}"):
         attnkit.topk(x, 2**30, **{arg: np.zeros(2, np.int64)})
+
+
+def test_dlpack_producer_whose_export_fails_is_named():
+    # A producer with shape and dtype whose __dlpack__ raises (here: a torch tensor that
+    # requires grad underneath) reaches the extension, which must say that the export failed.
+    class Producer:
+        def __init__(self, a):
+            self.a = a
+            self.shape, self.dtype = a.shape, a.dtype
+
+        def __dlpack__(self, **kwargs):
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    with pytest.raises(TypeError, match=r"topk: x \(a .*Producer.*\) could not be read through "
+                                        r"DLPack"):
+        attnkit.topk(Producer(torch.randn(3, 10, requires_grad=True)), 2)

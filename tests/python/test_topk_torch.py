@@ -434,3 +434,72 @@ def test_autograd_undoes_a_wrapped_int32_index_offset():
     assert indices.tolist() == [[2**31 - 1, -2**31]]
     values.sum().backward()
     assert x.grad.tolist() == [[0.0, 1.0, 1.0, 0.0]]
+
+
+@pytest.mark.parametrize("route", ["grad", "op", "op_offset", "out_op", "compile"])
+def test_meta_row_tensors_with_a_real_x_are_refused(route):
+    # A meta tensor among the arguments sends the dispatcher to the fake kernel, which must
+    # refuse it as the eager path does rather than hand back uninitialised outputs.
+    x = torch.randn(3, 10)
+    end = torch.tensor([3, 5, 7], device="meta")
+    with pytest.raises(Exception, match="end is on device meta|index_offset is on device meta"):
+        if route == "grad":
+            attnkit.topk(x.requires_grad_(), 2, end=end)
+        elif route == "op":
+            torch.ops.attnkit.topk(x, 2, end=end)
+        elif route == "op_offset":
+            torch.ops.attnkit.topk(x, 2, index_offset=torch.zeros(3, dtype=torch.long,
+                                                                  device="meta"))
+        elif route == "out_op":
+            oi = torch.full((3, 2), -5, dtype=torch.int64)
+            try:
+                torch.ops.attnkit.topk_out(x, 2, True, "none", None, end, None, -1, None,
+                                           "largest", "lowest_index", None, None, oi)
+            finally:
+                assert (oi == -5).all()
+        else:
+            torch.compile(lambda a, e: attnkit.topk(a, 2, end=e), fullgraph=True)(x, end)
+    # Shape propagation with a meta x still works.
+    assert torch.ops.attnkit.topk(torch.empty(3, 10, device="meta"), 2)[1].shape == (3, 2)
+
+
+def test_forward_mode_ad_is_refused_by_name():
+    import torch.autograd.forward_ad as forward_ad
+
+    x = torch.randn(2, 10)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(NotImplementedError, match="topk: forward-mode AD"):
+            attnkit.topk(dual, 3)
+        # Indices carry no derivative: returning them alone is fine.
+        got = attnkit.topk(dual, 3, return_values=False).indices
+        assert torch.equal(torch.sort(got).values, stable_topk_indices(x, 3, True))
+    with pytest.raises(NotImplementedError, match="topk: forward-mode AD"):
+        torch.func.linearize(lambda a: attnkit.topk(a, 3).values, x)
+
+
+def test_nested_x_is_refused_by_name():
+    nested = torch.nested.nested_tensor([torch.randn(3), torch.randn(4)], layout=torch.jagged)
+    with pytest.raises(ValueError, match="topk: x is a nested tensor"):
+        attnkit.topk(nested, 2)
+
+
+def test_vmap_with_out_buffers_is_refused_by_name():
+    rows, out = torch.randn(5, 2, 10), torch.empty(5, 2, 3, dtype=torch.long)
+    with pytest.raises(NotImplementedError, match="out_values/out_indices cannot be used under"):
+        torch.func.vmap(lambda r, o: attnkit.topk(r, 3, out_indices=o))(rows, out)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_big_endian_row_arrays_are_refused_by_name(requires_grad):
+    x = torch.randn(3, 10, requires_grad=requires_grad)
+    with pytest.raises(TypeError, match=r"topk: end.dtype = >i8 is not in this machine's byte"):
+        attnkit.topk(x, 2, end=np.array([3, 5, 7], dtype=">i8"))
+
+
+def test_compile_fullgraph_with_numpy_end():
+    x = torch.randn(3, 10)
+    end = np.array([3, 5, 7], dtype=np.int64)
+    got = torch.compile(lambda a: attnkit.topk(a, 2, end=end), fullgraph=True)(x)
+    want = attnkit.topk(x, 2, end=end)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.values, want.values)
