@@ -89,7 +89,10 @@ TopkProblem check_topk_inputs(const TopkTensors& t, const TopkOptions& o) {
   p.batch = x.ndim == 2 ? x.shape[0] : 1;
   p.one_row = x.ndim == 1;
   p.row_len = x.shape[x.ndim - 1];
-  p.row_stride = x.ndim == 2 ? x.strides[0] : 0;
+  // Rows with no columns, or a single row, never step by the row stride: it is not carried,
+  // so that no kernel forms an address from a stride nothing checked (empty views skip the
+  // span check).
+  p.row_stride = x.ndim == 2 && p.row_len > 0 && p.batch > 1 ? x.strides[0] : 0;
   if (p.row_len > kMaxExtent) {
     fail(ErrorCode::kShape, kOp, "x has N = " + str(p.row_len) + " columns; N must be <= 2^31 - 1");
   }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/check_util.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -92,6 +93,7 @@ void check_storage(const char* op, const char* arg, const TensorView& t) {
   std::int64_t span = 0;
   for (int d = 0; d < t.ndim; ++d) {
     std::int64_t step = 0;
+    if (t.shape[d] <= 1) continue;  // a stride never stepped (even INT64_MIN) spans nothing
     const std::int64_t stride = t.strides[d];
     const bool overflow = stride == std::numeric_limits<std::int64_t>::min() ||
                           __builtin_mul_overflow(t.shape[d] - 1, stride < 0 ? -stride : stride,
@@ -153,10 +155,18 @@ bool as_row_intervals(const TensorView& t, RowIntervals& r) {
   }
   if (t.ndim > 2) return false;
   const int last = t.ndim - 1;
-  if (t.shape[last] > 1 && t.strides[last] != 1) return false;
-  r.width = static_cast<std::intptr_t>(t.shape[last]) * elem;
-  r.rows = t.ndim == 2 ? t.shape[0] : 1;
-  r.stride = t.ndim == 2 ? static_cast<std::intptr_t>(t.strides[0]) * elem : 0;
+  if (t.ndim == 1 && t.shape[0] > 1 && t.strides[0] != 1) {
+    // A strided vector (begin, end, index_offset as a column of a wider buffer): rows of one
+    // element.
+    r.width = elem;
+    r.rows = t.shape[0];
+    r.stride = static_cast<std::intptr_t>(t.strides[0]) * elem;
+  } else {
+    if (t.shape[last] > 1 && t.strides[last] != 1) return false;
+    r.width = static_cast<std::intptr_t>(t.shape[last]) * elem;
+    r.rows = t.ndim == 2 ? t.shape[0] : 1;
+    r.stride = t.ndim == 2 ? static_cast<std::intptr_t>(t.strides[0]) * elem : 0;
+  }
   r.start = base;
   if (r.stride < 0) {  // the same rows walked from the other end
     r.start += static_cast<std::intptr_t>(r.rows - 1) * r.stride;
@@ -164,6 +174,14 @@ bool as_row_intervals(const TensorView& t, RowIntervals& r) {
   }
   if (r.stride == 0) r.rows = 1;  // every row is the same bytes
   return true;
+}
+
+/// "[0x..., 0x...)": a view's byte extent, for the overlap errors.
+std::string hex_range(const ByteExtent& e) {
+  char text[64];
+  std::snprintf(text, sizeof text, "[%#llx, %#llx)", static_cast<unsigned long long>(e.lo),
+                static_cast<unsigned long long>(e.hi));
+  return text;
 }
 
 /// Whether some interval of `a` meets some interval of `b`: a merge of the two rising
@@ -197,8 +215,8 @@ void check_no_overlap(const char* op, const char* out_arg, const TensorView& out
   RowIntervals ra, rb;
   if (as_row_intervals(out, ra) && as_row_intervals(in, rb) && !rows_intersect(ra, rb)) return;
   fail(ErrorCode::kLayout, op,
-       std::string(out_arg) + " overlaps " + in_arg +
-           "; outputs may not share memory with inputs or with each other");
+       std::string(out_arg) + " (bytes " + hex_range(a) + ") overlaps " + in_arg + " (bytes " +
+           hex_range(b) + "); outputs may not share memory with inputs or with each other");
 }
 
 void check_rows_disjoint(const char* op, const char* arg, const TensorView& t) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attnkit/dlpack.hpp"
 
+#include <limits>
 #include <string>
 
 #include "attnkit/error.hpp"
@@ -70,12 +71,15 @@ TensorView from_dlpack(const DLTensor& t) {
                                        " must be in [0, " + std::to_string(kMaxDims) + "]");
   }
   v.ndim = t.ndim;
-  v.data = static_cast<char*>(t.data) + t.byte_offset;
-  std::int64_t running = 1;
+  // An empty tensor may have a null data pointer; no offset is applied to it.
+  v.data = t.data == nullptr ? nullptr : static_cast<char*>(t.data) + t.byte_offset;
+  std::int64_t running = 1;  // the compact strides, for producers that give none
   for (int d = t.ndim - 1; d >= 0; --d) {
     v.shape[d] = t.shape[d];
     v.strides[d] = t.strides ? t.strides[d] : running;
-    running *= t.shape[d];
+    if (!t.strides && __builtin_mul_overflow(running, t.shape[d], &running)) {
+      running = std::numeric_limits<std::int64_t>::max();  // saturates, as TensorView::make
+    }
   }
   return v;
 }

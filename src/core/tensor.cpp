@@ -78,7 +78,11 @@ TensorView TensorView::make(void* data, DType dtype, Device device,
     std::int64_t running = 1;
     for (d = v.ndim - 1; d >= 0; --d) {
       v.strides[d] = running;
-      running *= v.shape[d];
+      // Saturates: a shape too large for int64 strides describes no real buffer, and the
+      // checks refuse its span rather than a wrapped stride.
+      if (__builtin_mul_overflow(running, v.shape[d], &running)) {
+        running = std::numeric_limits<std::int64_t>::max();
+      }
     }
   }
   return v;

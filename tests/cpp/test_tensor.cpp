@@ -71,6 +71,18 @@ TEST(Tensor, MakeContiguousStrides) {
   EXPECT_EQ(one.stride(0), 1);
 }
 
+// Shapes whose compact strides do not fit int64 (broadcast views may carry them) get strides
+// that saturate rather than wrap, so that the checks see a span too large instead of a small one.
+TEST(Tensor, MakeContiguousStridesSaturate) {
+  float storage[1];
+  const std::int64_t huge = std::int64_t{1} << 40;
+  const TensorView v = TensorView::make(storage, DType::kFloat32, {}, {huge, huge, huge, 4});
+  EXPECT_EQ(v.stride(3), 1);
+  EXPECT_EQ(v.stride(2), 4);
+  EXPECT_EQ(v.stride(1), 4 * huge);
+  EXPECT_EQ(v.stride(0), std::numeric_limits<std::int64_t>::max());  // 2^82 does not fit
+}
+
 TEST(Tensor, MakeExplicitStrides) {
   int storage[1];
   const Device gpu{DeviceType::kCUDA, 3};
@@ -244,6 +256,35 @@ TEST(TensorDlpack, NullStridesAreContiguousAndByteOffsetIsFolded) {
   const TensorView scalar = attnkit::from_dlpack(t);
   EXPECT_EQ(scalar.ndim, 0);
   EXPECT_EQ(scalar.numel(), 1);
+}
+
+// A broadcast DLTensor of a huge shape keeps its given strides, and a null empty tensor stays
+// null whatever its byte_offset.
+TEST(TensorDlpack, HugeBroadcastShapesAndNullEmptyTensors) {
+  float one = 1.0f;
+  std::int64_t shape[3] = {std::int64_t{1} << 40, std::int64_t{1} << 40, 4};
+  std::int64_t strides[3] = {0, 0, 1};
+  DLTensor t{};
+  t.data = &one;
+  t.device = {kDLCPU, 0};
+  t.ndim = 3;
+  t.dtype = {kDLFloat, 32, 1};
+  t.shape = shape;
+  t.strides = strides;
+  const TensorView v = attnkit::from_dlpack(t);
+  EXPECT_EQ(v.stride(0), 0);
+  EXPECT_EQ(v.stride(1), 0);
+  EXPECT_EQ(v.stride(2), 1);
+  EXPECT_EQ(v.numel(), std::numeric_limits<std::int64_t>::max());  // saturated
+
+  std::int64_t empty_shape[1] = {0};
+  DLTensor e{};
+  e.byte_offset = 64;
+  e.device = {kDLCPU, 0};
+  e.ndim = 1;
+  e.dtype = {kDLFloat, 32, 1};
+  e.shape = empty_shape;
+  EXPECT_EQ(attnkit::from_dlpack(e).data, nullptr);
 }
 
 TEST(TensorDlpack, Errors) {

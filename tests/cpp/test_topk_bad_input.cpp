@@ -524,7 +524,7 @@ TEST_F(TopkBadInput, OutputsOverlapEachOther) {
   // out_values over the last bytes of out_indices.
   TopkTensors t = valid();
   t.out_values = TensorView::make(idx64_.at(kB * kK - 1), DType::kFloat32, kCpu, {kB, kK});
-  expect_error(t, options(), ErrorCode::kLayout, {"out_values overlaps out_indices"});
+  expect_error(t, options(), ErrorCode::kLayout, {"out_values (bytes [0x", ") overlaps out_indices (bytes [0x"});
 }
 
 TEST_F(TopkBadInput, OutputOverlapsInput) {
@@ -552,7 +552,8 @@ TEST_F(TopkBadInput, OutputOverlapsInput) {
     set_output(t, a.out,
                TensorView::make(p, idx ? DType::kInt64 : DType::kFloat32, kCpu, {kB, kK}));
     expect_error(t, options(), ErrorCode::kLayout,
-                 {std::string(a.out) + " overlaps " + a.in, "may not share memory"});
+                 {std::string(a.out) + " (bytes", ") overlaps " + std::string(a.in) + " (bytes",
+                  "may not share memory"});
   }
 }
 
@@ -605,7 +606,7 @@ TEST(TopkOverlap, OutputsInTheSpareColumnsOfX) {
     ADD_FAILURE() << "no error for out_values over x's last column";
   } catch (const attnkit::Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kLayout);
-    EXPECT_NE(std::string(e.what()).find("out_values overlaps x"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(") overlaps x (bytes"), std::string::npos) << e.what();
   }
   EXPECT_EQ(buffer, after);
 }
@@ -910,3 +911,64 @@ TEST_F(TopkBadInput, NanOutsideValidRangeDoesNotRaise) {
 }
 
 }  // namespace
+
+// begin as column 0 of a [B, 2] int64 buffer and out_indices as its column 1 share no byte:
+// strided vectors are compared element by element, as x's rows are.
+TEST(TopkOverlap, OutputsInTheGapsOfAStridedEnd) {
+  constexpr std::int64_t kRows = 3, kCols = 8;
+  std::vector<float> x(static_cast<std::size_t>(kRows * kCols));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 5) % 7);
+  std::vector<std::int64_t> shared(static_cast<std::size_t>(kRows * 2), -5);
+  for (std::int64_t b = 0; b < kRows; ++b) shared[static_cast<std::size_t>(2 * b)] = 2 + 2 * b;
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(x.data(), DType::kFloat32, kCpu, {kRows, kCols});
+  t.end = TensorView::make(shared.data(), DType::kInt64, kCpu, {kRows}, {2});
+  t.out_indices = TensorView::make(shared.data() + 1, DType::kInt64, kCpu, {kRows, 1}, {2, 1});
+  attnkit::TopkOptions o;
+  o.k = 1;
+  attnkit::topk(t, o);
+  for (std::int64_t b = 0; b < kRows; ++b) {
+    const std::int64_t end = 2 + 2 * b;
+    const float* row = x.data() + b * kCols;
+    const std::int64_t want = std::max_element(row, row + end) - row;  // the first maximum
+    EXPECT_EQ(shared[static_cast<std::size_t>(2 * b + 1)], want) << "row " << b;
+    EXPECT_EQ(shared[static_cast<std::size_t>(2 * b)], end) << "end overwritten, row " << b;
+  }
+}
+
+// Rows without columns only pad: their stride is never stepped, so a null x or a row stride
+// no span check saw (empty views skip it) is harmless.
+TEST(TopkEmptyRows, NullDataAndExtremeRowStridesOnlyPad) {
+  for (const std::int64_t stride : {std::int64_t{-5}, std::numeric_limits<std::int64_t>::max()}) {
+    for (const bool null_data : {true, false}) {
+      float dummy = 0.0f;
+      std::vector<std::int64_t> idx(6, 7);
+      std::vector<float> val(6, 7.0f);
+      attnkit::TopkTensors t;
+      t.x = TensorView::make(null_data ? nullptr : &dummy, DType::kFloat32, kCpu, {3, 0},
+                             {stride, 1});
+      t.out_indices = TensorView::make(idx.data(), DType::kInt64, kCpu, {3, 2});
+      t.out_values = TensorView::make(val.data(), DType::kFloat32, kCpu, {3, 2});
+      attnkit::TopkOptions o;
+      o.k = 2;
+      o.nan = attnkit::NanPolicy::kRaise;  // the NaN scan visits the rows too
+      attnkit::topk(t, o);
+      EXPECT_EQ(idx, std::vector<std::int64_t>(6, -1)) << stride << " " << null_data;
+      EXPECT_EQ(val, std::vector<float>(6, -std::numeric_limits<float>::infinity()));
+    }
+  }
+}
+
+// A dimension of size 1 never steps by its stride, whatever it is (INT64_MIN included).
+TEST(TopkLayout, AnyStrideOnADimensionOfOne) {
+  std::vector<float> x = {3.0f, 9.0f, 1.0f, 9.0f};
+  std::vector<std::int64_t> idx(2, -5);
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(x.data(), DType::kFloat32, kCpu, {1, 4},
+                         {std::numeric_limits<std::int64_t>::min(), 1});
+  t.out_indices = TensorView::make(idx.data(), DType::kInt64, kCpu, {1, 2});
+  attnkit::TopkOptions o;
+  o.k = 2;
+  attnkit::topk(t, o);
+  EXPECT_EQ(idx, (std::vector<std::int64_t>{1, 3}));
+}

@@ -168,7 +168,7 @@ def test_numpy_input():
     (dict(topk=3, nan_row=True), ValueError, "input[1, 4] is NaN"),
     (dict(topk=3, float64=True), TypeError, "input.dtype = float64"),
     (dict(topk=2, indices_type="int32", overlapping_output=True), ValueError,
-     "output_idx overlaps input;"),
+     ") overlaps input (bytes"),
 ])
 def test_errors_name_deep_select_arguments(kwargs, error, fragment):
     x = make_rows("normal@1", (3, 10), "float32", rng_for("ds_errors"))

@@ -214,13 +214,13 @@ CASES = [
                out_indices=poisoned((B, K), np.int64)), ValueError,
         ("out_values.stride(-1) = 3",), add_outputs=False),
     Bad("outputs_overlap_each_other", _overlapping_outputs, ValueError,
-        ("out_values overlaps out_indices",), add_outputs=False),
-    Bad("out_values_overlaps_x", _out_overlaps_x, ValueError, ("out_values overlaps x",),
+        ("out_values (bytes [0x", ") overlaps out_indices (bytes [0x"), add_outputs=False),
+    Bad("out_values_overlaps_x", _out_overlaps_x, ValueError, ("out_values (bytes", ") overlaps x (bytes"),
         add_outputs=False),
-    Bad("out_indices_overlaps_end", _out_overlaps_end, ValueError, ("out_indices overlaps end",),
+    Bad("out_indices_overlaps_end", _out_overlaps_end, ValueError, ("out_indices (bytes", ") overlaps end (bytes"),
         add_outputs=False),
     Bad("out_indices_overlaps_index_offset", _out_overlaps_index_offset, ValueError,
-        ("out_indices overlaps index_offset",), add_outputs=False),
+        ("out_indices (bytes", ") overlaps index_offset (bytes"), add_outputs=False),
     # fills and options
     Bad("index_fill_past_int32", _wrong("if", index_fill=2**31, indices_dtype="int32"),
         ValueError, ("index_fill = 2147483648", "int32")),
@@ -330,7 +330,7 @@ def test_outputs_in_the_spare_columns_of_x():
     assert_same_result((v, i), topk_reference(before[:, :N], K, sorted="value"), "spare columns")
     assert np.array_equal(bits(base[:, :N]), bits(before[:, :N]))
     assert np.array_equal(bits(base[:, N + K:]), bits(before[:, N + K:]))
-    with pytest.raises(ValueError, match="out_values overlaps x"):
+    with pytest.raises(ValueError, match=r"out_values \(bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\)\) overlaps x \(bytes"):
         attnkit.topk(x, K, out_values=base[:, N - 1:N - 1 + K],
                      out_indices=np.empty((B, K), np.int64))
 

@@ -29,7 +29,7 @@ _NAMES = [
     (re.compile(r"\breturn_values\b"), "return_value"),
     (re.compile(r'\bnan = "raise"'), "abort_when_nan_found = True"),
     (re.compile(r"^topk: k = "), "topk: topk = "),
-    (re.compile(r"\bx(?=\[|\.|;|,|'s\b| has\b| is\b|$)"), "input"),
+    (re.compile(r"\bx(?=\[|\.|;|,|'s\b| has\b| is\b| \(bytes|$)"), "input"),
 ]
 
 
