@@ -47,7 +47,8 @@
 /// - `out_indices`: `[B, k]` (`[k]` for 1-D `x`), int32 or int64, last dimension contiguous,
 ///   any row stride. `out_values`: the same shape, `x`'s dtype. Outputs may not share a byte
 ///   with each other or any input (they may lie between x's rows, e.g. in spare columns of
-///   x's buffer).
+///   x's buffer, or between the elements of a strided `begin`/`end`/`index_offset`); the
+///   error gives both byte ranges.
 ///
 /// \par Errors (attnkit::Error)
 /// `kShape`: wrong rank or mismatched sizes; `kDType`: unsupported dtype; `kDevice`: tensors on
