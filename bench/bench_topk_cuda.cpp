@@ -92,6 +92,14 @@ int main(int argc, char** argv) {
   std::vector<Case> list;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S] "
+          "[CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
+          "  Times attnkit::topk on GPU 0 (a CUDA-graph replay per repeat, L2 flushed); without\n"
+          "  cases it runs the shapes of bench/bench_topk.py.\n");
+      return 0;
+    }
     if (a == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--values" && i + 1 < argc) {
@@ -115,6 +123,14 @@ int main(int argc, char** argv) {
     }
   }
   if (list.empty()) list = default_cases();
+  int devices = 0;
+  const cudaError_t found = cudaGetDeviceCount(&devices);
+  if (found != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "attnkit_bench_cuda: no CUDA device is visible (%s); it times the GPU "
+                         "backend only\n",
+                 found != cudaSuccess ? cudaGetErrorString(found) : "0 devices");
+    return 1;
+  }
 
   const std::size_t flush_bytes = std::size_t{256} << 20;
   void* flush = nullptr;

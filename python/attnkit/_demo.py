@@ -567,8 +567,13 @@ def choose_device(requested: str):
     if torch is not None:
         return "cuda", torch
     if requested == "cuda":
-        why = ("this attnkit build has no CUDA backend (reinstall with ATTNKIT_CUDA=ON)"
-               if not cuda_build else "torch with a visible CUDA GPU is needed")
+        if cuda_build:
+            why = "torch with a visible CUDA GPU is needed"
+        elif _torch_for_cuda() is None:
+            why = ("no CUDA GPU is visible to torch here (and this attnkit build has no CUDA "
+                   "backend either)")
+        else:
+            why = "this attnkit build has no CUDA backend (reinstall with ATTNKIT_CUDA=ON)"
         raise DemoUsageError(f"--device cuda: {why}")
     return "cpu", None
 

@@ -59,3 +59,18 @@ def test_topk_command_refuses_k_out_of_range(tmp_path, k, fragment, capsys):
     err = capsys.readouterr().err
     assert fragment in err and "Traceback" not in err
     assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize("cuda_build, gpu_visible, fragment", [
+    (False, False, "no CUDA GPU is visible to torch here"),
+    (False, True, "reinstall with ATTNKIT_CUDA=ON"),
+    (True, False, "torch with a visible CUDA GPU is needed"),
+])
+def test_demo_device_cuda_says_what_is_missing(monkeypatch, cuda_build, gpu_visible, fragment):
+    # Rebuilding with CUDA is suggested only where a GPU could then run it.
+    from attnkit import _demo
+
+    monkeypatch.setattr(_demo._ext, "cuda_available_in_build", lambda: cuda_build)
+    monkeypatch.setattr(_demo, "_torch_for_cuda", lambda: object() if gpu_visible else None)
+    with pytest.raises(_demo.DemoUsageError, match=fragment):
+        _demo.choose_device("cuda")
