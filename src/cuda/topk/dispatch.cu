@@ -31,7 +31,7 @@ namespace attnkit::detail::cuda {
   extern template void launch_ranked<Traits>(const TopkPlan&, const TopkKernelParams&,       \
                                              const std::uint64_t*, cudaStream_t);            \
   extern template int max_cluster_ctas<Traits>(int);                                        \
-  extern template int resident_wide_clusters<Traits>(int);                                  \
+  extern template int resident_clusters<Traits>(int, int);                                 \
   extern template int triple_ctas_per_sm<Traits>();
 ATTNKIT_TOPK_EXTERN(Float32Traits)
 ATTNKIT_TOPK_EXTERN(BFloat16Traits)
@@ -113,10 +113,11 @@ bool wide_batch_clusters(const TopkProblem& p) {
   // Rows of this range take 5-8 wide CTAs; the count for 8 holds for all (fewer fit no worse).
   static PerDeviceDtype narrow_fit, wide_fit;
   const int narrow = narrow_fit.get(p, 0, [](auto traits) {
-    return cuda::resident_wide_clusters<decltype(traits)>(kMaxClusterCtas);
+    return cuda::resident_clusters<decltype(traits)>(kMaxClusterCtas, cuda::kWideClusterThreads);
   });
   const int wide = wide_fit.get(p, 0, [](auto traits) {
-    return cuda::resident_wide_clusters<decltype(traits)>(kMaxClusterCtas / 2);
+    return cuda::resident_clusters<decltype(traits)>(kMaxClusterCtas / 2,
+                                                     cuda::kWideClusterThreads);
   });
   return p.batch > narrow && p.batch <= wide;
 }

@@ -314,6 +314,25 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   }
 }
 
+/// How many clusters of `ctas` CTAs of `threads` threads of the cluster kernel this device
+/// keeps resident at once, with the largest k's kept lists (0 where it cannot run them). CTAs
+/// of 512 threads take one SM each, so for them this is also how many clusters of `ctas`
+/// narrow CTAs fit one CTA an SM: a cluster stays within one GPC, and an H200's GPCs hold
+/// seven clusters of 16 such CTAs, or fifteen of 8.
+template <class Traits>
+int resident_clusters(int ctas, int threads) {
+  const auto kernel = clustered_rows_kernel<Traits>(threads);
+  const std::size_t smem = kept_list_bytes(kMaxFilterK);
+  allow_clusters(kernel, smem, "cudaFuncSetAttribute");
+  const ClusterConfig cluster(ctas, ctas, threads, smem, nullptr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cluster.config) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+    return 0;
+  }
+  return clusters;
+}
+
 /// The largest cluster (CTAs per row) the cluster kernel with `threads`-thread CTAs
 /// (kShortThreads or kWideClusterThreads) can run with on the current device: 1 before sm_90,
 /// or when the kernel's code on this device was not compiled for sm_90 or newer (ptxVersion:
@@ -331,36 +350,10 @@ int max_cluster_ctas(int threads) {
   if (attributes.ptxVersion < 90 || attributes.binaryVersion < 90 || cluster_launch == 0) {
     return 1;
   }
-  const std::size_t smem = kept_list_bytes(kMaxFilterK);  // the largest k's lists
-  allow_clusters(kernel, smem, "cudaFuncSetAttribute");
   for (int ctas = kMaxClusterCtas; ctas > 1; --ctas) {
-    const ClusterConfig cluster(ctas, ctas, threads, smem, nullptr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cluster.config) == cudaSuccess &&
-        clusters > 0) {
-      return ctas;
-    }
-    (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+    if (resident_clusters<Traits>(ctas, threads) > 0) return ctas;
   }
   return 1;
-}
-
-/// How many clusters of `ctas` 512-thread CTAs of the cluster kernel this device keeps
-/// resident at once (0 where it cannot run them). Those CTAs take one SM each, so this is also
-/// how many clusters of `ctas` narrow CTAs fit one CTA an SM: a cluster stays within one GPC,
-/// and an H200's GPCs hold seven clusters of 16 such CTAs, or fifteen of 8.
-template <class Traits>
-int resident_wide_clusters(int ctas) {
-  const auto kernel = clustered_rows_kernel<Traits>(kWideClusterThreads);
-  const std::size_t smem = kept_list_bytes(kMaxFilterK);
-  allow_clusters(kernel, smem, "cudaFuncSetAttribute");
-  const ClusterConfig cluster(ctas, ctas, kWideClusterThreads, smem, nullptr);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cluster.config) != cudaSuccess) {
-    (void)cudaGetLastError();  // an unsupported size is an answer, not an error
-    return 0;
-  }
-  return clusters;
 }
 
 /// How many CTAs of the ragged-row policy (TriplePolicy, kTripleSmem of buffers) this device
