@@ -331,16 +331,21 @@ def _recorded(torch: Any) -> bool:
             or torch._C._functorch.peek_interpreter_stack() is not None)
 
 
+def _func_transforms(torch: Any) -> tuple:
+    """The torch.func transforms (TransformType keys) this call runs under; none inside
+    torch.compile, whose dynamo traces neither the stack nor hashes of its keys."""
+    if torch.compiler.is_compiling():
+        return ()
+    return tuple(i.key() for i in torch._C._functorch.get_interpreter_stack() or ())
+
+
 def _refuse_func_differentiation(torch: Any) -> None:
     """torch.func.grad, jvp, jacrev and friends cannot differentiate the op (its autograd
     formula is torch.library's, which they do not take): a clear error instead of torch's.
     torch.autograd (values.backward()) and torch.func.vmap work."""
-    if torch.compiler.is_compiling():  # dynamo traces neither call below
-        return
     from torch._C._functorch import TransformType
 
-    stack = torch._C._functorch.get_interpreter_stack() or ()
-    if any(i.key() in (TransformType.Grad, TransformType.Jvp) for i in stack):
+    if any(t in (TransformType.Grad, TransformType.Jvp) for t in _func_transforms(torch)):
         raise NotImplementedError(
             "topk: torch.func's grad/jvp transforms (grad, jacrev, jacfwd, hessian) cannot "
             "differentiate attnkit.topk; use torch.autograd (values.sum().backward()) instead. "
@@ -361,12 +366,9 @@ def _refuse_forward_ad(torch: Any, x: Any) -> None:
 def _refuse_vmapped_buffers(torch: Any) -> None:
     """Under torch.func.vmap the op cannot write caller buffers (no batching rule for the
     in-place op): a clear error instead of torch's."""
-    if torch.compiler.is_compiling():
-        return
     from torch._C._functorch import TransformType
 
-    stack = torch._C._functorch.get_interpreter_stack() or ()
-    if any(i.key() == TransformType.Vmap for i in stack):
+    if TransformType.Vmap in _func_transforms(torch):
         raise NotImplementedError(
             "topk: out_values/out_indices cannot be used under torch.func.vmap; call without "
             "them and vmap returns the batched results")
