@@ -78,6 +78,11 @@ struct TensorView {
                          std::initializer_list<std::int64_t> shape,
                          std::initializer_list<std::int64_t> strides = {});
 
+  /// Sets `strides` to the C-contiguous strides of `shape`; a stride too large for int64
+  /// saturates at INT64_MAX (such a shape describes no real buffer, and the checks refuse its
+  /// span).
+  void set_compact_strides() noexcept;
+
   std::int64_t size(int dim) const noexcept { return shape[dim]; }
   std::int64_t stride(int dim) const noexcept { return strides[dim]; }
   /// Product of the sizes (1 for a 0-d view).

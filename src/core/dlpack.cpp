@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attnkit/dlpack.hpp"
 
-#include <limits>
 #include <string>
 
 #include "attnkit/error.hpp"
@@ -73,14 +72,11 @@ TensorView from_dlpack(const DLTensor& t) {
   v.ndim = t.ndim;
   // An empty tensor may have a null data pointer; no offset is applied to it.
   v.data = t.data == nullptr ? nullptr : static_cast<char*>(t.data) + t.byte_offset;
-  std::int64_t running = 1;  // the compact strides, for producers that give none
-  for (int d = t.ndim - 1; d >= 0; --d) {
+  for (int d = 0; d < t.ndim; ++d) {
     v.shape[d] = t.shape[d];
-    v.strides[d] = t.strides ? t.strides[d] : running;
-    if (!t.strides && __builtin_mul_overflow(running, t.shape[d], &running)) {
-      running = std::numeric_limits<std::int64_t>::max();  // saturates, as TensorView::make
-    }
+    if (t.strides) v.strides[d] = t.strides[d];
   }
+  if (!t.strides) v.set_compact_strides();  // producers that give none are compact
   return v;
 }
 

@@ -75,15 +75,7 @@ TensorView TensorView::make(void* data, DType dtype, Device device,
     d = 0;
     for (std::int64_t s : strides) v.strides[d++] = s;
   } else {
-    std::int64_t running = 1;
-    for (d = v.ndim - 1; d >= 0; --d) {
-      v.strides[d] = running;
-      // Saturates: a shape too large for int64 strides describes no real buffer, and the
-      // checks refuse its span rather than a wrapped stride.
-      if (__builtin_mul_overflow(running, v.shape[d], &running)) {
-        running = std::numeric_limits<std::int64_t>::max();
-      }
-    }
+    v.set_compact_strides();
   }
   return v;
 }
@@ -93,6 +85,16 @@ namespace {
 /// and name them through shape_str first).
 int held_dims(std::int32_t ndim) noexcept { return ndim < 0 ? 0 : ndim > kMaxDims ? kMaxDims : ndim; }
 }  // namespace
+
+void TensorView::set_compact_strides() noexcept {
+  std::int64_t running = 1;
+  for (int d = held_dims(ndim) - 1; d >= 0; --d) {
+    strides[d] = running;
+    if (__builtin_mul_overflow(running, shape[d], &running)) {
+      running = std::numeric_limits<std::int64_t>::max();
+    }
+  }
+}
 
 std::int64_t TensorView::numel() const noexcept {
   // Saturates at INT64_MAX: views of a few real bytes may carry huge broadcast shapes.
