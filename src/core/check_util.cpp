@@ -92,8 +92,8 @@ void check_storage(const char* op, const char* arg, const TensorView& t) {
   const auto elem = static_cast<std::int64_t>(dtype_size(t.dtype));
   std::int64_t span = 0;
   for (int d = 0; d < t.ndim; ++d) {
-    std::int64_t step = 0;
     if (t.shape[d] <= 1) continue;  // a stride never stepped (even INT64_MIN) spans nothing
+    std::int64_t step = 0;
     const std::int64_t stride = t.strides[d];
     const bool overflow = stride == std::numeric_limits<std::int64_t>::min() ||
                           __builtin_mul_overflow(t.shape[d] - 1, stride < 0 ? -stride : stride,
