@@ -76,6 +76,10 @@ if [ "$MODE" != bench ]; then
     # clusters at every batch size), so that each kernel meets every distribution and option.
     step "C++ CUDA tests (cluster path)" "$TEST_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
       "$TESTS" --gtest_brief=1
+    # And with no clusters, so that small batches of rows up to 256K columns take the filter
+    # kernel's slices and their merge kernel too, as on GPUs before sm_90.
+    step "C++ CUDA tests (filter path)" "$TEST_LOG" env ATTNKIT_CUDA_TOPK_PATH=filter \
+      "$TESTS" --gtest_brief=1
   fi
   step "Python CUDA tests" "$TEST_LOG" python3 -m pytest tests/python_cuda -q -p no:cacheprovider -x
   if [ "$MODE" != quick ]; then

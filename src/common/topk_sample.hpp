@@ -6,6 +6,7 @@
 // full select or scan.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "common/host_device.hpp"
@@ -106,6 +107,33 @@ ATTNKIT_HD constexpr int filter_samples_per_thread(std::int64_t k, std::int64_t 
   return m;
 }
 
+/// Most keys a filter sample holds (kFilterSampleThreads sampling threads, 8 16-bit elements a
+/// vector, kFilterSampleMaxPerThread vectors a thread).
+inline constexpr std::int64_t kFilterSampleMaxKeys =
+    kFilterSampleThreads * 8 * kFilterSampleMaxPerThread;
+
+/// The rank in a sample of `samples` keys, from a range of `len` elements whose best k are
+/// wanted, whose key the filter's floor is: e + 5 sqrt(e) + 5, e = k * samples / len being the
+/// expected count of sampled keys among the best k (the margin: FilterEngine::sample_floor).
+/// A rank beyond a quarter of the sample means no floor: it would let in much of the range.
+ATTNKIT_HD std::uint32_t filter_floor_rank(std::int64_t k, std::uint32_t samples,
+                                                  std::int64_t len) {
+  const float expected =
+      static_cast<float>(k) * static_cast<float>(samples) / static_cast<float>(len);
+  return static_cast<std::uint32_t>(expected + 5.0f * sqrtf(expected) + 5.0f);
+}
+
+/// Whether the filter kernel samples a floor for a row of `len` elements (about len / vec
+/// aligned vectors of `vec`) whose best k are wanted, with the largest sample a slice holds.
+ATTNKIT_HD bool filter_row_floored(std::int64_t k, std::int64_t len, std::int64_t vec) {
+  const std::int64_t vectors = len / vec;
+  if (vectors < kFilterSampleMinVectors) return false;
+  const int per_thread =
+      filter_samples_per_thread(k, len, vectors, static_cast<int>(vec), kFilterSampleMaxKeys);
+  const auto samples = static_cast<std::uint32_t>(kFilterSampleThreads * vec * per_thread);
+  return filter_floor_rank(k, samples, len) <= samples / 4;
+}
+
 /// The vector (0 .. vectors - 1, counted from the range's first 16-byte boundary) that sample
 /// `s` of kFilterSampleThreads * per_thread reads (sampling thread t reads samples t,
 /// t + kFilterSampleThreads, ...): one per stretch of vectors / (kFilterSampleThreads *
@@ -131,12 +159,14 @@ ATTNKIT_HD constexpr std::uint32_t filter_sample_vector32(std::uint32_t s, std::
 }
 
 /// Whether vector `v` of an aligned range of `vectors` vectors is sampled by the filter kernel
-/// when its threads read one vector each (every range shorter than 4 kFilterSampleMinVectors,
-/// and longer ones when 16 of the best k are expected in such a sample).
-ATTNKIT_HD constexpr bool filter_sampled_vector(std::int64_t v, std::int64_t vectors) {
+/// when its sampling threads read `per_thread` vectors each (one: every range shorter than 4
+/// kFilterSampleMinVectors, and longer ones when 16 of the best k are expected in such a
+/// sample; filter_samples_per_thread gives the count for a k).
+ATTNKIT_HD constexpr bool filter_sampled_vector(std::int64_t v, std::int64_t vectors,
+                                                int per_thread = 1) {
   if (vectors < kFilterSampleMinVectors) return false;
-  const std::int64_t t = v / (vectors / kFilterSampleThreads);
-  return t < kFilterSampleThreads && filter_sample_vector(t, vectors) == v;
+  const std::int64_t samples = std::int64_t{kFilterSampleThreads} * per_thread;
+  const std::int64_t t = v / (vectors / samples);
+  return t < samples && filter_sample_vector(t, vectors, per_thread) == v;
 }
-
 }  // namespace attnkit::detail

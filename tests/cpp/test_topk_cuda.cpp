@@ -28,8 +28,8 @@ using attnkit::TensorView;
 const attnkit::Device kCpu{attnkit::DeviceType::kCPU, 0};
 const attnkit::Device kGpu{attnkit::DeviceType::kCUDA, 0};
 
-enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait, kMostlyNegInf };
-constexpr int kDists = 13;
+enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait, kMostlyNegInf, kSliceBait };
+constexpr int kDists = 13;  // the distributions every-distribution tests cycle (not kSliceBait)
 
 const char* dist_name(Dist d) {
   switch (d) {
@@ -46,6 +46,7 @@ const char* dist_name(Dist d) {
     case Dist::kMostlyNan: return "90%-nan";
     case Dist::kSampleBait: return "sample-bait";
     case Dist::kMostlyNegInf: return "99.7%-neg-inf";
+    case Dist::kSliceBait: return "slice-bait";
   }
   return "?";
 }
@@ -58,9 +59,11 @@ std::uint32_t to_bits(DType dtype, float v) {
   }
 }
 
-/// Bit patterns of B rows of `stride` elements (element size `elem`), generated per row.
+/// Bit patterns of B rows of `stride` elements (element size `elem`), generated per row; `k`
+/// places kSliceBait.
 std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_t n,
-                                    std::int64_t stride, Dist dist, std::uint64_t seed) {
+                                    std::int64_t stride, Dist dist, std::uint64_t seed,
+                                    std::int64_t k = 0) {
   const std::size_t elem = attnkit::dtype_size(dtype);
   std::vector<std::uint8_t> data(static_cast<std::size_t>(batch * stride) * elem + 64);
   std::mt19937_64 rng(seed);
@@ -102,6 +105,18 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
                                attnkit::detail::filter_sampled_vector(i / vec, n / vec);
           // Spread wide enough that bf16 and fp16 keep the planted values apart: the floor
           // then has only its own ties above it, not hundreds of rounded copies.
+          v = sampled ? 1000.0f + 100.0f * normal(rng) : normal(rng);
+          bits = to_bits(dtype, v);
+          break;
+        }
+        case Dist::kSliceBait: {  // the vectors a filter slice samples from its whole row
+                                  // for this k hold the largest values: every slice starts
+                                  // from a floor fewer than k elements reach, and the merge
+                                  // must stream the row again
+          const std::int64_t vec = 16 / static_cast<std::int64_t>(elem);
+          const int per_thread = attnkit::detail::filter_samples_per_thread(
+              k, n, n / vec, static_cast<int>(vec), attnkit::detail::kFilterSampleMaxKeys);
+          const bool sampled = attnkit::detail::filter_sampled_vector(i / vec, n / vec, per_thread);
           v = sampled ? 1000.0f + 100.0f * normal(rng) : normal(rng);
           bits = to_bits(dtype, v);
           break;
@@ -291,7 +306,7 @@ void canonicalise(const Case& c, Result& r) {
 void check_case(const Case& c, bool graph = false) {
   SCOPED_TRACE(c.str() + (graph ? " graph" : ""));
   const std::int64_t stride = c.n + c.pad;
-  const auto rows = make_rows(c.dtype, c.batch, c.n, stride + c.misalign, c.dist, c.seed);
+  const auto rows = make_rows(c.dtype, c.batch, c.n, stride + c.misalign, c.dist, c.seed, c.k);
   std::vector<std::int32_t> begin, end;
   std::vector<std::int64_t> offset;
   std::mt19937_64 rng(c.seed * 7 + 3);
@@ -522,6 +537,40 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
         c.k = k;
         c.order = k == 300 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
         c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>(seed % 3);
+        c.seed = seed++;
+        check_case(c);
+      }
+    }
+  }
+}
+
+// Few long rows (beyond every cluster) are cut into slices that each start from a floor
+// sampled from the whole row for the row's k, so that the merge reads a few k candidates. The
+// bait puts the row's best values at exactly those sampled vectors: the slices then hold fewer
+// than k candidates together, and the merge must stream the whole row again from the bottom
+// (each row's best k are far below the planted values). Ragged rows give each slice a share
+// of a different length, and some rows none.
+TEST_F(TopkCuda, FilterSlicesShareTheRowsFloor) {
+  std::uint64_t seed = 5200;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (std::int64_t k : {600, 3000}) {
+      Case c;
+      c.dtype = dtype;
+      c.dist = Dist::kSliceBait;
+      c.batch = 2;
+      c.n = 300000;
+      c.k = k;
+      c.order = k == 600 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kIndex;
+      c.seed = seed++;
+      check_case(c);
+      for (Dist dist : {Dist::kNormal, Dist::kDsa, Dist::kAscending}) {
+        c.dist = dist;
+        c.batch = 5;
+        c.ragged = dist != Dist::kAscending;
+        c.largest = dist != Dist::kDsa;
+        c.nan = dist == Dist::kDsa ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+        c.order = attnkit::TopkOrder::kNone;
+        c.misalign = static_cast<std::int64_t>(seed % 3);
         c.seed = seed++;
         check_case(c);
       }

@@ -13,6 +13,8 @@
 
 namespace {
 
+using attnkit::detail::filter_floor_rank;
+using attnkit::detail::filter_row_floored;
 using attnkit::detail::filter_sample_vector;
 using attnkit::detail::filter_sample_vector32;
 using attnkit::detail::filter_sampled_vector;
@@ -40,16 +42,38 @@ TEST(TopkSample, FilterSampleOnePerStretchInsideTheRange) {
 }
 
 TEST(TopkSample, FilterSampledNamesExactlyTheSampledVectors) {
-  for (std::int64_t vectors : {kFilterSampleMinVectors, std::int64_t{4500}, std::int64_t{9000},
-                               std::int64_t{65536} + 17}) {
-    std::set<std::int64_t> sampled;
-    for (int t = 0; t < kFilterSampleThreads; ++t) sampled.insert(filter_sample_vector(t, vectors));
-    EXPECT_EQ(sampled.size(), static_cast<std::size_t>(kFilterSampleThreads));
-    for (std::int64_t v = 0; v < vectors; ++v) {
-      ASSERT_EQ(filter_sampled_vector(v, vectors), sampled.count(v) == 1)
-          << "vectors=" << vectors << " v=" << v;
+  for (int per_thread : {1, 2, 4, 8}) {
+    for (std::int64_t vectors : {kFilterSampleMinVectors, std::int64_t{4500}, std::int64_t{9000},
+                                 std::int64_t{65536} + 17, std::int64_t{37500}}) {
+      const std::int64_t samples = std::int64_t{kFilterSampleThreads} * per_thread;
+      if (vectors < samples) continue;
+      std::set<std::int64_t> sampled;
+      for (std::int64_t s = 0; s < samples; ++s) {
+        sampled.insert(filter_sample_vector(s, vectors, per_thread));
+      }
+      EXPECT_EQ(sampled.size(), static_cast<std::size_t>(samples));
+      for (std::int64_t v = 0; v < vectors; ++v) {
+        ASSERT_EQ(filter_sampled_vector(v, vectors, per_thread), sampled.count(v) == 1)
+            << "vectors=" << vectors << " v=" << v << " per_thread=" << per_thread;
+      }
     }
   }
+}
+
+// Whether a row takes a floor (the host's slice count depends on it): the floor's rank,
+// e + 5 sqrt(e) + 5 with e = k * samples / len, must stay within a quarter of the sample,
+// and the row must hold kFilterSampleMinVectors aligned vectors.
+TEST(TopkSample, FilterRowFlooredFollowsTheFloorsRank) {
+  // bf16, 1M columns, k = 512: 8 vectors a thread, 16384 keys, e = 8, rank 27.
+  EXPECT_EQ(filter_floor_rank(512, 16384, 1 << 20), 27u);
+  EXPECT_TRUE(filter_row_floored(512, 1 << 20, 8));
+  // bf16, 16384 columns, k = 4096: one vector a thread, e = 512, rank 630 > 512.
+  EXPECT_EQ(filter_floor_rank(4096, 2048, 16384), 630u);
+  EXPECT_FALSE(filter_row_floored(4096, 16384, 8));
+  // fp32, 8192 columns (the fewest vectors sampled), k = 50: e = 6.25, rank 23 <= 256.
+  EXPECT_EQ(filter_floor_rank(50, 1024, 8192), 23u);
+  EXPECT_TRUE(filter_row_floored(50, 8192, 4));
+  EXPECT_FALSE(filter_row_floored(50, 8188, 4));  // 2047 vectors
 }
 
 // Several vectors a sampling thread: sample s of S = 256 * per_thread lies in the s-th of S

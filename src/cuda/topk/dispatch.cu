@@ -203,8 +203,8 @@ std::size_t segmented_sort_bytes(std::int64_t batch, std::int64_t k, cudaStream_
 
 /// Byte offsets of the workspace parts; 0-sized parts are absent.
 struct Layout {
-  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, slice_floor = 0, ranked_in = 0,
-              ranked_out = 0, cub = 0;
+  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, slice_floor = 0, slice_count = 0,
+              ranked_in = 0, ranked_out = 0, cub = 0;
   std::size_t total = 0;
 };
 
@@ -291,31 +291,51 @@ Launch make_launch(const TopkProblem& p) {
     } else {
       plan.policy = RowsPolicy::kWide;
       const std::uint32_t round = cuda::WidePolicy::round(elem);
+      std::int64_t slice_len = p.row_len;
       if (p.batch < sms) {
-        // Cut rows so that the grid covers the GPU, each slice streams at least 16K elements
-        // (two 16-bit rounds), and the merge reads at most 32K candidates per row.
+        // Cut rows so that the grid covers the GPU and each slice streams at least a round.
+        // The slices of a row share its sampled floor, so the merge reads a few k candidates a
+        // row however many slices there are; rows that take no floor (k above about a fifth
+        // of the row) pass k a slice, at most 32K a row.
         const std::int64_t want = sms / p.batch;
-        const std::int64_t by_length =
-            p.row_len / (2 * static_cast<std::int64_t>(cuda::WidePolicy::round(2)));
-        const std::int64_t by_merge = 32768 / l.slot_stride;
-        plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min({want, by_length, by_merge}), 1, 64));
+        const std::int64_t by_length = p.row_len / round;
+        const std::int64_t by_merge =
+            filter_row_floored(k, p.row_len, 16 / static_cast<std::int64_t>(elem))
+                ? cuda::kMaxSlices
+                : 32768 / l.slot_stride;
+        plan.slices = static_cast<int>(std::clamp<std::int64_t>(
+            std::min({want, by_length, by_merge}), 1, cuda::kMaxSlices));
+        slice_len = (p.row_len + plan.slices - 1) / plan.slices;
+        // A slice keeps its row's sample in its newcomer list while it finds the floor.
+        if (plan.slices > 1) slice_len = std::max(slice_len, kFilterSampleMaxKeys);
       }
-      plan.rows = cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem,
-                                    (p.row_len + plan.slices - 1) / plan.slices);
+      plan.rows = cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem, slice_len);
     }
   }
   if (plan.slices > 1) {
     if (plan.path == TopkPath::kFilter) {
-      plan.merge = cuda::buffer_plan(k, cuda::kMergeRound, cuda::kMaxDynamicSmem,
-                                     static_cast<std::int64_t>(plan.slices) * l.slot_stride);
+      // Room for the whole row: the merge streams it again when the row's sample misled it.
+      plan.merge = cuda::buffer_plan(k, cuda::merge_round(dtype_size(p.dtype)),
+                                     cuda::kMaxDynamicSmem, p.row_len);
+      // Room for every slice's list where it fits, so that the merge selects once.
+      const std::int64_t lists = static_cast<std::int64_t>(plan.slices) * l.slot_stride;
+      cuda::BufferPlan all = plan.merge;
+      all.newcomer_slots = static_cast<std::uint32_t>(
+          std::min<std::int64_t>(std::max<std::int64_t>(lists, all.newcomer_slots),
+                                 65535 - 2 * static_cast<std::int64_t>(all.survivor_slots)));
+      if (all.newcomer_slots > plan.merge.newcomer_slots && all.smem() <= cuda::kMaxDynamicSmem) {
+        plan.merge = all;
+      }
     }
     const std::size_t bytes =
         static_cast<std::size_t>(p.batch) * plan.slices * l.slot_stride * sizeof(std::uint32_t);
     l.layout.slice_key = take(bytes);
     l.layout.slice_col = take(bytes);
     if (plan.path == TopkPath::kFilter) {
-      l.layout.slice_floor =
-          take(static_cast<std::size_t>(p.batch) * plan.slices * sizeof(std::uint32_t));
+      const std::size_t words =
+          static_cast<std::size_t>(p.batch) * plan.slices * sizeof(std::uint32_t);
+      l.layout.slice_floor = take(words);
+      l.layout.slice_count = take(words);
     }
   }
   l.layout.total = off;
@@ -359,6 +379,7 @@ TopkKernelParams make_params(const TopkProblem& p, const Launch& l, char* ws) {
     k.slice_col = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_col);
     if (l.plan.path == TopkPath::kFilter) {
       k.slice_floor = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_floor);
+      k.slice_count = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_count);
     }
   }
   if (l.plan.path == TopkPath::kRadix && p.order == TopkOrder::kValue) {

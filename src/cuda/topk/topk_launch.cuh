@@ -62,9 +62,12 @@ using TriplePolicy = FilterPolicy<256, 2, 3, 2>;
 // keeps a CTA) share an H200 SM's 228 KB, with 1.1 KB to spare; dispatch checks the
 // occupancy on the device (triple_ctas_per_sm) before it takes the policy.
 constexpr std::size_t kTripleSmem = 66 * 1024;
-// The merge kernel streams one 16-byte vector of keys per thread per round.
-constexpr int kMergeThreads = 512;
-constexpr std::uint32_t kMergeRound = kMergeThreads * 4;
+// The merge kernel: one CTA of the wide policy's shape a row, appending four candidates a
+// thread a round, or WidePolicy's rounds when it streams the row again.
+constexpr int kMergeThreads = WidePolicy::kThreads;
+inline std::uint32_t merge_round(std::size_t elem_bytes) {
+  return std::max<std::uint32_t>(kMergeThreads * 4, WidePolicy::round(elem_bytes));
+}
 // The radix path for larger k.
 constexpr int kRadixThreads = 512;
 // k = 0 with nan="raise": a scan of the valid ranges for NaN.
@@ -309,8 +312,8 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     p.limit = plan.merge.limit;
     p.survivor_slots = plan.merge.survivor_slots;
     p.newcomer_slots = plan.merge.newcomer_slots;
-    launch(topk_merge_kernel<Traits, kMergeThreads>, plan.batch, kMergeThreads, plan.merge.smem(),
-           stream, p, "topk_merge_kernel");
+    launch(topk_merge_kernel<Traits, kMergeThreads, WidePolicy::kPrefetch, WidePolicy::kU>,
+           plan.batch, kMergeThreads, plan.merge.smem(), stream, p, "topk_merge_kernel");
   }
 }
 

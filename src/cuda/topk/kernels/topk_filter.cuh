@@ -3,12 +3,15 @@
 // into candidate lists in shared memory, cut back to k by a block radix select whenever the
 // newcomers fill up. Algorithm, invariants and bound: docs/topk.md.
 //
-//   topk_rows_kernel   one CTA per (row, slice). A slice of at least kFilterSampleMinVectors
-//                      vectors first samples a floor (FilterEngine::sample_floor), the starting
-//                      threshold, and is streamed again from the bottom in the rare case that
-//                      fewer than k elements reach it. A slice streams its columns in order, a
-//                      round of kU (2 or 4, by policy) coalesced 16-byte vectors per thread at a
-//                      time, kPrefetchVectors vectors ahead, rows in reverse (row_of_block). An
+//   topk_rows_kernel   one CTA per (row, slice). A row of at least kFilterSampleMinVectors
+//                      vectors first gets a sampled floor (FilterEngine::sample_floor), the
+//                      starting threshold: a whole row is streamed again from the bottom in the
+//                      rare case that fewer than k elements reach it; every slice of a sliced
+//                      row samples the whole row for the same floor, and the merge decides
+//                      whether the row must be streamed again. A slice streams its columns in
+//                      order, a round of kU (2 or 4, by policy) coalesced 16-byte vectors per
+//                      thread at a time, kPrefetchVectors vectors ahead, rows in reverse
+//                      (row_of_block). An
 //                      element is a newcomer if it beats the threshold by one float comparison
 //                      against the bound of threshold + 1 (prefilter_tight_bound_bits), which
 //                      decides every number, and, where NaN must be judged, by its exact score;
@@ -17,11 +20,12 @@
 //                      the best k in the other survivor list and the threshold rises to the
 //                      k-th key. Single-slice launches write the outputs; multi-slice launches
 //                      write each slice's best k to workspace.
-//   topk_merge_kernel  one CTA per row: streams the slices' (key, column) lists, which are in
-//                      column order slice after slice, through the same filter from the largest
-//                      of the slices' final thresholds (a lower bound of the row's k-th best),
-//                      then writes the outputs. Used when B is too small to fill the GPU with
-//                      one CTA per row.
+//   topk_merge_kernel  one CTA per row: reads the slices' kept (key, column) lists, which are
+//                      in column order slice after slice, through the same filter from the
+//                      largest of the slices' final thresholds (a lower bound of the row's k-th
+//                      best), or streams the row again when they hold fewer than k, then writes
+//                      the outputs. Used when B is too small to fill the GPU with one CTA per
+//                      row.
 //
 // Thread roles: all threads load, filter and append; all take part in every select.
 // Shared memory (dynamic): survivors key/col [2][kS] (kS = next power of two >= k, so the
@@ -267,6 +271,7 @@ struct FilterEngine {
   std::uint32_t threshold = kExcludedScore;  // admit only scores above it
   Prefilter<Traits> pre;
   std::uint32_t parity = 0;
+  bool floored = false;  // a sampled floor set the first threshold
 
   __device__ __forceinline__ Candidates list(std::uint32_t i, std::uint32_t n) const {
     std::uint32_t* base = dynamic_smem() + 2 * i * slots;
@@ -300,8 +305,7 @@ struct FilterEngine {
   __device__ void sample_floor(const uint4* vec, std::int64_t vectors, std::int64_t len) {
     const int per_thread = filter_samples_per_thread(k, len, vectors, kVec, newcomer_slots);
     const std::uint32_t samples = kFilterSampleThreads * kVec * per_thread;
-    const float expected = static_cast<float>(k) * samples / static_cast<float>(len);
-    const auto rank = static_cast<std::uint32_t>(expected + 5.0f * sqrtf(expected) + 5.0f);
+    const std::uint32_t rank = filter_floor_rank(k, samples, len);
     if (rank > samples / 4) return;  // uniform: a floor would let in much of the row anyway
     Candidates sample = newcomers();
     if (threadIdx.x < kFilterSampleThreads) {
@@ -326,14 +330,17 @@ struct FilterEngine {
     sample.n = samples;
     const std::uint32_t f = radix_kth<kThreads, Traits::kBits>(
         sample, Candidates{sample.key, sample.col, 0}, rank, scratch, need);
-    if (f > kExcludedScore + 1) set_threshold(f - 1);  // below that, it excludes nothing
+    if (f > kExcludedScore + 1) {  // below that, it excludes nothing
+      set_threshold(f - 1);
+      floored = true;
+    }
   }
 
   /// Whether the sampled floor was too high: no select ran (a select leaves k >= 1
   /// survivors, and only the floor sets a threshold otherwise) and fewer than k elements
   /// were admitted, so the best k may lie below it.
   __device__ bool rescan_needed() const {
-    return survivors_n == 0 && threshold != kExcludedScore && newcomers_n < k;
+    return floored && survivors_n == 0 && newcomers_n < k;
   }
 
   /// Back to an empty engine with no floor, for a rescan.
@@ -341,6 +348,7 @@ struct FilterEngine {
     __syncthreads();  // every write of the first scan lands before the lists are reused
     survivors_n = 0;
     newcomers_n = 0;
+    floored = false;
     set_threshold(kExcludedScore);
   }
 
@@ -506,16 +514,38 @@ __device__ __forceinline__ void filter_partial_round(FilterEngine<Traits, kThrea
       [&](int u, int j) { return col0[u] + static_cast<std::uint32_t>(j); });
 }
 
+/// Where a sampled floor is drawn from: the `vectors` aligned 16-byte vectors from `vec` of a
+/// range of `len` elements whose best k are wanted. A CTA samples its own range; a slice samples
+/// its whole row, so that every slice of a row starts from the same floor, one the row's best k
+/// reach (topk_merge_kernel).
+struct SampleRange {
+  const uint4* vec = nullptr;  // nullptr: no floor
+  std::uint32_t vectors = 0;
+  std::uint32_t len = 0;
+};
+
+/// The SampleRange of columns [lo, hi) of `row`.
+template <class Bits>
+__device__ __forceinline__ SampleRange sample_range(const Bits* row, std::int64_t lo,
+                                                    std::int64_t hi) {
+  constexpr int kVec = 16 / sizeof(Bits);
+  const std::int64_t a0 = lo + head_to_alignment(row, lo, hi);
+  return SampleRange{reinterpret_cast<const uint4*>(row + a0),
+                     static_cast<std::uint32_t>((hi - a0) / kVec),
+                     static_cast<std::uint32_t>(hi - lo)};
+}
+
 /// Streams columns [lo, hi) of `row` through the engine in column order: a scalar head up to
 /// 16-byte alignment, whole rounds of kU coalesced 16-byte vectors per thread (a round's fixed
 /// cost, one barrier and one exchange of counts, is spread over kU vectors) with
-/// kPrefetchVectors vectors per thread in flight, then the leftover vectors and scalars. With
-/// `sample`, a range of at least kFilterSampleMinVectors vectors first gets a sampled floor,
-/// while the first rounds' loads are in flight. Returns whether this thread saw a NaN (only
-/// tracked when track_nan).
+/// kPrefetchVectors vectors per thread in flight, then the leftover vectors and scalars. With a
+/// `sample` range of at least kFilterSampleMinVectors vectors the engine first gets a sampled
+/// floor, while the first rounds' loads are in flight. Returns whether this thread saw a NaN
+/// (only tracked when track_nan).
 template <class Traits, int kThreads, int kPrefetchVectors, int kU>
 __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Traits::Bits* row,
-                           std::uint32_t lo, std::uint32_t hi, bool track_nan, bool sample) {
+                           std::uint32_t lo, std::uint32_t hi, bool track_nan,
+                           SampleRange sample) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / sizeof(Bits);
   constexpr int kPrefetch = kPrefetchVectors / kU > 0 ? kPrefetchVectors / kU : 1;  // rounds
@@ -551,7 +581,9 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Tra
       if (r < rounds) buf[r][u] = __ldg(vec + (r * kU + u) * kThreads + tid);
     }
   }
-  if (sample && vectors >= kFilterSampleMinVectors) e.template sample_floor<kVec>(vec, vectors, hi - lo);
+  if (sample.vec != nullptr && sample.vectors >= kFilterSampleMinVectors) {
+    e.template sample_floor<kVec>(sample.vec, sample.vectors, sample.len);
+  }
   if (head > 0) scalar_round(lo, head);
   // The next loads walk one pointer, which keeps the loop within the registers of two CTAs an
   // SM (three for the ragged-row policy).
@@ -777,16 +809,29 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
   const bool track_nan = p.nan_flag != nullptr;
+  // A slice samples its whole row for the row's k: every slice of the row gets the same floor,
+  // which about k (1 + 5 / sqrt(e)) elements of the row reach, so the slices pass the merge a
+  // few k candidates in all instead of k each.
+  SampleRange sample;
+  if (p.slices == 1) {
+    sample = sample_range(row, lo, hi);
+  } else {
+    std::int64_t row_lo, row_hi;
+    row_range(p, b, row_lo, row_hi);
+    sample = sample_range(row, row_lo, row_hi);
+  }
   bool any_nan =
-      stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan, true);
-  if (e.rescan_needed()) {  // uniform; rare: the sample overestimated the range
+      stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan, sample);
+  // A slice's floor is the row's, which a slice may hold fewer than k elements above: only the
+  // merge can tell, from the slices' counts, whether the row has k (topk_merge_kernel).
+  if (p.slices == 1 && e.rescan_needed()) {  // uniform; rare: the sample overestimated the range
     e.reset();
     // Hides from the compiler that the rescan reads the same row, which it would otherwise
     // exploit by keeping the first scan's addresses (the head's) live across that scan: three
     // CTAs an SM leave 80 registers a thread.
     asm volatile("" : "+l"(row));
-    any_nan |=
-        stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan, false);
+    any_nan |= stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, seg_lo, seg_hi, track_nan,
+                                                                  SampleRange{});
   }
   if (track_nan && __syncthreads_or(any_nan) && threadIdx.x == 0) *p.nan_flag = 1;
 
@@ -794,50 +839,97 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
     write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
   } else {
     const Candidates c = e.finish(false);
+    const std::int64_t at = b * p.slices + s;
     if (threadIdx.x == 0) {
-      p.slice_floor[b * p.slices + s] = c.n == p.k_select ? e.threshold : kExcludedScore;
+      p.slice_floor[at] = c.n == p.k_select ? e.threshold : kExcludedScore;
+      p.slice_count[at] = c.n | (e.floored ? kSliceFloored : 0u);
     }
-    const std::int64_t base = (b * p.slices + s) * p.slot_stride;
-    for (std::uint32_t j = threadIdx.x; j < p.slot_stride; j += kThreads) {
-      p.slice_key[base + j] = j < c.n ? c.key[j] : kExcludedScore;
-      p.slice_col[base + j] = j < c.n ? c.col[j] : 0u;
+    const std::int64_t base = at * p.slot_stride;
+    for (std::uint32_t j = threadIdx.x; j < c.n; j += kThreads) {
+      p.slice_key[base + j] = c.key[j];
+      p.slice_col[base + j] = c.col[j];
     }
   }
 }
 
-template <class Traits, int kThreads>
+/// One CTA per row: the slices' kept lists, concatenated slice after slice (column order), go
+/// through the filter from the largest of the slices' final thresholds (a lower bound of the
+/// row's k-th best: a slice that kept k scores them all at least its threshold), then the
+/// outputs are written. Used when B is too small to fill the GPU with one CTA per row.
+///
+/// Exactness: every slice admitted only scores at or above the row's sampled floor F, and
+/// dropped an element only for k better ones of its own. If the slices hold at least k
+/// candidates, at least k elements score >= F, so nothing below F is among the best k and the
+/// lists hold the answer. If they hold fewer (the sample overestimated the row), elements below
+/// F may belong to it, and this CTA streams the whole row again from the bottom: exact either
+/// way, and the sample decides only the time.
+template <class Traits, int kThreads, int kPrefetchVectors, int kU>
 __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKernelParams p) {
+  static_assert(kThreads >= kMaxSlices, "one thread per slice");
   __shared__ SelectScratch<kThreads> scratch;
   __shared__ __align__(16) std::uint32_t warp_hits[2 * 2 * 32];
-
+  __shared__ std::uint32_t first[kMaxSlices + 1];  // slice s's candidates: [first[s], first[s+1])
   __shared__ std::uint32_t row_floor;
+
   const std::int64_t b = blockIdx.x;
+  const int tid = threadIdx.x;
   auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
-  // A slice that kept k elements, all scoring at least its threshold, bounds the row's k-th
-  // best from below: the merge admits only scores from the largest such bound up, which leaves
-  // about k + a few slices' worth of candidates instead of selecting every `slack` newcomers.
-  if (threadIdx.x == 0) row_floor = kExcludedScore;
-  __syncthreads();
-  if (threadIdx.x < p.slices) atomicMax(&row_floor, p.slice_floor[b * p.slices + threadIdx.x]);
-  __syncthreads();
+  if (tid == 0) row_floor = kExcludedScore;
+  const std::uint32_t word = tid < p.slices ? p.slice_count[b * p.slices + tid] : 0u;
+  const std::uint32_t n = word & ~kSliceFloored;
+  std::uint32_t total;
+  const std::uint32_t before = block_exclusive_sum<kThreads>(n, scratch.warp_totals, total);
+  if (tid < p.slices) {
+    first[tid] = before;
+    atomicMax(&row_floor, p.slice_floor[b * p.slices + tid]);
+  }
+  if (tid == 0) first[p.slices] = total;
+  const bool floored = __syncthreads_or((word & kSliceFloored) != 0);
+
+  if (floored && total < p.k_select) {  // uniform; rare: the row's sample overestimated it
+    std::int64_t lo, hi;
+    row_range(p, b, lo, hi);
+    const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
+    // The slices saw every NaN already (nan="raise").
+    stream_row<Traits, kThreads, kPrefetchVectors, kU>(e, row, static_cast<std::uint32_t>(lo),
+                                                       static_cast<std::uint32_t>(hi), false,
+                                                       SampleRange{});
+    write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
+    return;
+  }
+
   if (row_floor > kExcludedScore + 1) e.set_threshold(row_floor - 1);
-  // The slices' lists, slice after slice, are in column order; slot_stride is a multiple of 4
-  // and the workspace is 256-byte aligned, so every row starts on a 16-byte boundary.
-  const std::int64_t pairs = static_cast<std::int64_t>(p.slices) * p.slot_stride;
-  const uint4* keys = reinterpret_cast<const uint4*>(p.slice_key + b * pairs);
-  const uint4* cols = reinterpret_cast<const uint4*>(p.slice_col + b * pairs);
-  const std::int64_t vectors = pairs / 4;
-  for (std::int64_t v0 = 0; v0 < vectors; v0 += kThreads) {
+  // When the newcomer list holds every candidate, they are selected once, at the end.
+  if (total <= e.newcomer_slots) e.limit = total + 1;
+  const std::uint32_t* keys = p.slice_key + b * p.slices * static_cast<std::int64_t>(p.slot_stride);
+  const std::uint32_t* cols = p.slice_col + b * p.slices * static_cast<std::int64_t>(p.slot_stride);
+  // Thread t takes candidates 4 (v0 + t) .. +3 of the concatenation: the groups of append are
+  // ordered by thread, so the list stays in column order.
+  for (std::uint32_t v0 = 0; v0 < total; v0 += 4 * kThreads) {
     std::uint32_t mask[1] = {0};
-    uint4 kv{}, cv{};
-    const std::int64_t v = v0 + threadIdx.x;
-    if (v < vectors) {
-      kv = keys[v];
-      cv = cols[v];
+    std::uint32_t key[4] = {}, col[4] = {};  // unrolled: registers
+    const std::uint32_t i0 = v0 + 4 * tid;
+    if (i0 < total) {
+      // The slice holding candidate i0: the last s with first[s] <= i0 (empty slices skipped).
+      int lo_s = 0, hi_s = p.slices;  // first[lo_s] <= i0 < first[hi_s]
+      while (hi_s - lo_s > 1) {
+        const int mid = (lo_s + hi_s) / 2;
+        if (first[mid] <= i0) lo_s = mid; else hi_s = mid;
+      }
+      int slice = lo_s;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mask[0] |= vector_word(kv, j) > e.threshold ? 1u << j : 0u;
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t i = i0 + j;
+        if (i < total) {
+          while (i >= first[slice + 1]) ++slice;
+          const std::int64_t at = static_cast<std::int64_t>(slice) * p.slot_stride + (i - first[slice]);
+          key[j] = keys[at];
+          col[j] = cols[at];
+          mask[0] |= key[j] > e.threshold ? 1u << j : 0u;
+        }
+      }
     }
-    // Empty slots carry key 0, which never beats the threshold.
+    const uint4 kv{key[0], key[1], key[2], key[3]}, cv{col[0], col[1], col[2], col[3]};
     e.template append<1, 4>(
         mask, [&](int, int j) { return vector_word(kv, j); },
         [&](int, int j) { return vector_word(cv, j); });
