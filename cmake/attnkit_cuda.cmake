@@ -4,12 +4,25 @@
 
 include(CheckLanguage)
 
+# CMake's spellings of a switch (on/off, 1/0, yes/no, true/false, any case) mean ON or OFF;
+# anything else but AUTO is a mistake, not a request for AUTO.
+string(TOUPPER "${ATTNKIT_CUDA}" _cuda)
+if(_cuda MATCHES "^(ON|1|YES|Y|TRUE)$")
+  set(_cuda ON)
+elseif(_cuda MATCHES "^(OFF|0|NO|N|FALSE)$")
+  set(_cuda OFF)
+elseif(NOT _cuda STREQUAL "AUTO")
+  message(FATAL_ERROR "ATTNKIT_CUDA='${ATTNKIT_CUDA}' must be AUTO, ON or OFF")
+endif()
+
 set(ATTNKIT_WITH_CUDA OFF)
-if(NOT ATTNKIT_CUDA STREQUAL "OFF")
+if(_cuda STREQUAL "OFF")
+  message(STATUS "attnkit: ATTNKIT_CUDA=${ATTNKIT_CUDA}: building the CPU backend only")
+else()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     set(ATTNKIT_WITH_CUDA ON)
-  elseif(ATTNKIT_CUDA STREQUAL "ON")
+  elseif(_cuda STREQUAL "ON")
     message(FATAL_ERROR "ATTNKIT_CUDA=ON but no CUDA compiler was found (set CMAKE_CUDA_COMPILER "
                         "or put nvcc on PATH)")
   else()

@@ -64,13 +64,23 @@ def dtype_name(dtype: Any) -> str:
         raise TypeError(f"dtype {dtype!r} has no attnkit equivalent") from None
 
 
+def no_such_dtype(name: str, dtype: Any) -> TypeError:
+    """The TypeError for an array argument whose dtype attnkit does not take."""
+    hint = ""
+    if isinstance(dtype, np.dtype) and dtype.kind == "V" and dtype.itemsize == 2:
+        # np.save writes ml_dtypes' bfloat16 as raw 2-byte records, which np.load returns.
+        hint = (f" (a bfloat16 array saved with np.save loads as {dtype.str}: pass "
+                f"{name}.view(ml_dtypes.bfloat16))")
+    return TypeError(f"topk: {name}.dtype = {dtype}; attnkit has no such dtype{hint}")
+
+
 def array_dtype_name(a: Any, name: str) -> str:
     """The dtype name of array argument `name`; TypeError naming it when attnkit has none."""
     check_array(a, name)
     try:
         return dtype_name(a.dtype)
     except TypeError:
-        raise TypeError(f"topk: {name}.dtype = {a.dtype}; attnkit has no such dtype") from None
+        raise no_such_dtype(name, a.dtype) from None
 
 
 def check_byte_order(a: np.ndarray, name: str) -> None:
@@ -92,7 +102,9 @@ def check_array(a: Any, name: str) -> None:
     if isinstance(a, np.generic):
         raise TypeError(f"topk: {name} is a NumPy scalar ({a.dtype}); expected an array (x: [N] "
                         "or [B, N]; begin, end, index_offset: [B]; outputs: [B, k])")
-    raise TypeError(f"topk: {name} is a {type(a).__name__}; expected a NumPy array, a torch "
+    kind = type(a).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    raise TypeError(f"topk: {name} is {article} {kind}; expected a NumPy array, a torch "
                     "tensor or an array supporting DLPack")
 
 
@@ -134,7 +146,7 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
         try:
             code = DTYPE_CODES[_NUMPY_NAMES[a.dtype]]
         except KeyError:
-            raise TypeError(f"topk: {name}.dtype = {a.dtype}; attnkit has no such dtype") from None
+            raise no_such_dtype(name, a.dtype) from None
         item = a.dtype.itemsize
         if any(s % item for s in a.strides):
             raise ValueError(f"topk: {name} has byte strides {a.strides} that are not multiples of its "
@@ -152,7 +164,7 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
         try:
             code = DTYPE_CODES[str(a.dtype).removeprefix("torch.")]
         except KeyError:
-            raise TypeError(f"topk: {name}.dtype = {a.dtype}; attnkit has no such dtype") from None
+            raise no_such_dtype(name, a.dtype) from None
         dev = a.device
         if dev.type == "cpu":
             device_type, index = 0, 0
@@ -160,7 +172,15 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
             device_type, index = 1, dev.index if dev.index is not None else 0
         else:
             raise ValueError(f"topk: {name} is on device {dev}; attnkit runs on cpu and cuda tensors")
-        return (a.data_ptr(), tuple(a.shape), tuple(a.stride()), code, device_type, index)
+        ptr = a.data_ptr()
+        if ptr == 0 and a.numel() > 0:
+            # Wrapper subclasses (e.g. a __torch_dispatch__ tensor over others) and zero tensors
+            # hold no memory of their own to read or write.
+            raise ValueError(f"topk: {name} ({type(a).__name__}, {a.numel()} elements) has no "
+                             f"storage of its own, as tensor subclasses that wrap others and "
+                             f"zero tensors; pass a plain dense tensor, or call "
+                             f"torch.ops.attnkit.topk, which dispatches through subclasses")
+        return (ptr, tuple(a.shape), tuple(a.stride()), code, device_type, index)
     return a
 
 

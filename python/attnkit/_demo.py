@@ -637,8 +637,10 @@ def run(args) -> int:
             raise DemoUsageError(f"--threads {args.threads}: must be in [1, {_MAX_THREADS}]")
         _ext.set_num_threads(args.threads)
     repeats = args.repeats if args.repeats is not None else (5 if args.quick else 7)
-    if repeats < 1 or args.warmup < 0:
-        raise DemoUsageError("--repeats must be >= 1 and --warmup >= 0")
+    if repeats < 1:
+        raise DemoUsageError(f"--repeats {repeats}: must be >= 1")
+    if args.warmup < 0:
+        raise DemoUsageError(f"--warmup {args.warmup}: must be >= 0")
     if not 0 <= args.seed < 2**32:
         raise DemoUsageError(f"--seed {args.seed}: must be in [0, 2^32)")
     if args.json:

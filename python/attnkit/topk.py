@@ -117,7 +117,9 @@ def topk(
     index_fill : int
         Index written to padding slots (default -1).
     value_fill : float, optional
-        Value written to padding slots (default -inf when ``largest``, +inf otherwise).
+        Value written to padding slots (default -inf when ``largest``, +inf otherwise),
+        rounded once to x's dtype, to nearest even: a value beyond the dtype's range becomes
+        +-inf (1e40 in bfloat16, 1e6 in float16), as a cast would make it.
     nan : {"largest", "ignore", "raise"}
         "largest" ranks NaN above +inf (``torch.topk``'s order); "ignore" never selects NaN;
         "raise" raises if a valid range holds a NaN (on CUDA after the kernel: one sync).
@@ -154,7 +156,7 @@ def topk(
     NotImplementedError
         Under ``torch.func.grad``/``jvp`` (and ``jacrev``, ``jacfwd``, ``hessian``), with
         forward-mode AD (dual tensors, ``torch.func.linearize``) when values are asked for,
-        and with caller buffers under ``torch.func.vmap``.
+        and with caller buffers under ``torch.func.vmap`` or ``torch.func.functionalize``.
     RuntimeError
         A CUDA runtime failure; caller buffers with an ``x`` that requires grad (values asked
         for), caller buffers that require grad (grad mode on), inference-tensor buffers outside
@@ -249,7 +251,7 @@ def topk(
 
             _refuse_func_differentiation(torch)
             if out_values is not None or out_indices is not None:
-                _refuse_vmapped_buffers(torch)
+                _refuse_transformed_buffers(torch)
             # The op's schema takes the options in one spelling each.
             return TopkResult(*_torch_ops._dispatched_topk(
                 x, k, largest=bool(largest), sorted=_ORDER_NAMES[order], begin=begin, end=end,
@@ -363,15 +365,19 @@ def _refuse_forward_ad(torch: Any, x: Any) -> None:
             "at the returned indices")
 
 
-def _refuse_vmapped_buffers(torch: Any) -> None:
-    """Under torch.func.vmap the op cannot write caller buffers (no batching rule for the
-    in-place op): a clear error instead of torch's."""
+def _refuse_transformed_buffers(torch: Any) -> None:
+    """Under torch.func.vmap (no batching rule for the in-place op) or torch.func.functionalize
+    (which takes no custom op whose outputs alias its inputs) the op cannot write caller
+    buffers: a clear error instead of torch's."""
     from torch._C._functorch import TransformType
 
-    if TransformType.Vmap in _func_transforms(torch):
-        raise NotImplementedError(
-            "topk: out_values/out_indices cannot be used under torch.func.vmap; call without "
-            "them and vmap returns the batched results")
+    transforms = _func_transforms(torch)
+    for transform, name in ((TransformType.Vmap, "vmap"),
+                            (TransformType.Functionalize, "functionalize")):
+        if transform in transforms:
+            raise NotImplementedError(
+                f"topk: out_values/out_indices cannot be used under torch.func.{name}; call "
+                f"without them and use the returned results")
 
 
 def _aligned(view: tuple) -> tuple:

@@ -158,9 +158,10 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
                      ties: str, check: Optional[bool]):
     """attnkit.topk through the dispatcher: the same arguments and results."""
     order = ("value" if sorted else "none") if isinstance(sorted, bool) else sorted
-    # The op's schema takes tensors: NumPy begin/end/index_offset become tensors (zero-copy,
-    # or a copy of the [B] values where torch cannot view them, e.g. negative strides); lists
-    # and other non-arrays are refused as on the eager path.
+    # The op's schema takes tensors: NumPy begin/end/index_offset become tensors, as copies of
+    # their [B] values: autograd saves them for backward, and a write to the caller's array
+    # between forward and backward, which torch's version counters cannot see, must not move
+    # the gradient. Lists and other non-arrays are refused as on the eager path.
     # Dynamo traces NumPy arrays as tensors already and reads none of their attributes.
     compiling = torch.compiler.is_compiling()
     for name, v in (("begin", begin), ("end", end), ("index_offset", index_offset)):
@@ -170,8 +171,8 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
                 _arrays.check_byte_order(v, name)
     begin, end, index_offset = (
         v if v is None or isinstance(v, torch.Tensor)
-        else torch.as_tensor(v.copy() if not compiling and isinstance(v, np.ndarray)
-                             and any(s < 0 for s in v.strides) else v)
+        else torch.as_tensor(v.copy()) if not compiling and isinstance(v, np.ndarray)
+        else torch.as_tensor(v).clone()
         for v in (begin, end, index_offset))
     if isinstance(indices_dtype, str):
         indices_dtype = getattr(torch, indices_dtype)

@@ -118,7 +118,7 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
       nb::ndarray<nb::ro> r;
       if (nb::try_cast(obj, r)) {
         throw attnkit::Error(attnkit::ErrorCode::kValue,
-                             std::string(name) + " is read-only; outputs must be writable");
+                             "topk: " + std::string(name) + " is read-only; outputs must be writable");
       }
       throw not_dlpack();
     }

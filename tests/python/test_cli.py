@@ -4,6 +4,10 @@ reported before any work; `attnkit topk` writes what attnkit.topk returns."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -22,6 +26,8 @@ def restore_threads():
 @pytest.mark.parametrize("argv, fragment", [
     (["demo", "--quick", "--threads", "5000"], "--threads 5000: must be in [1, 4096]"),
     (["demo", "--quick", "--seed", "-1"], "--seed -1: must be in [0, 2^32)"),
+    (["demo", "--quick", "--repeats", "0"], "--repeats 0: must be >= 1"),
+    (["demo", "--quick", "--warmup", "-3"], "--warmup -3: must be >= 0"),
     (["demo", "--quick", "--cases", ","], "--cases ',': no pattern given"),
     (["demo", "--quick", "--cases", "no-such-case"], "no case matches 'no-such-case'"),
     (["demo", "--quick", "--json", "/nonexistent-folder/out.json"], "does not exist"),
@@ -74,3 +80,17 @@ def test_demo_device_cuda_says_what_is_missing(monkeypatch, cuda_build, gpu_visi
     monkeypatch.setattr(_demo, "_torch_for_cuda", lambda: object() if gpu_visible else None)
     with pytest.raises(_demo.DemoUsageError, match=fragment):
         _demo.choose_device("cuda")
+
+
+def test_demo_into_a_closed_pipe_stops_quietly():
+    # `attnkit demo | head -1`: the reader leaves after one line; no traceback follows.
+    reader = "import sys; sys.stdin.readline()"
+    main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
+    demo = subprocess.Popen([sys.executable, "-c", main, "demo", "--quick", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
+    head = subprocess.run([sys.executable, "-c", reader], stdin=demo.stdout, timeout=120)
+    demo.stdout.close()
+    err = demo.stderr.read().decode()
+    assert demo.wait(timeout=120) == 141 and head.returncode == 0
+    assert "Traceback" not in err and "BrokenPipeError" not in err

@@ -558,6 +558,6 @@ def test_read_only_dlpack_inputs_are_read_and_outputs_refused():
     assert indices.tolist() == [[1, 2]] and values.tolist() == [[5.0, 3.0]]
     out = np.full((1, 2), -7, np.int64)
     out.flags.writeable = False
-    with pytest.raises(ValueError, match="out_indices is read-only"):
+    with pytest.raises(ValueError, match="topk: out_indices is read-only"):
         attnkit.topk(np.array([[1.0, 2.0, 3.0]], np.float32), 2, out_indices=_ReadOnlyProducer(out))
     assert out.tolist() == [[-7, -7]]

@@ -433,3 +433,21 @@ def test_dlpack_producer_whose_export_fails_is_named():
     with pytest.raises(TypeError, match=r"topk: x \(a .*Producer.*\) could not be read through "
                                         r"DLPack"):
         attnkit.topk(Producer(torch.randn(3, 10, requires_grad=True)), 2)
+
+
+def test_a_non_array_is_named_with_its_article():
+    with pytest.raises(TypeError, match="topk: begin is an int; expected a NumPy array"):
+        attnkit.topk(np.ones((2, 4), np.float32), 1, begin=3)
+
+
+def test_a_loaded_bfloat16_npy_gets_a_hint(tmp_path):
+    # np.save writes ml_dtypes' bfloat16 as 2-byte void records, which np.load returns.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    path = tmp_path / "scores.npy"
+    np.save(path, np.ones((2, 8), ml_dtypes.bfloat16))
+    loaded = np.load(path)
+    assert loaded.dtype.kind == "V"
+    with pytest.raises(TypeError, match=r"x.dtype = \|V2; attnkit has no such dtype \(a "
+                                        r"bfloat16 array .*x.view\(ml_dtypes.bfloat16\)"):
+        attnkit.topk(loaded, 2)
+    assert attnkit.topk(loaded.view(ml_dtypes.bfloat16), 2).indices.tolist() == [[0, 1]] * 2

@@ -418,6 +418,18 @@ def test_negative_and_conjugate_views_are_read_resolved():
     assert values.tolist() == [[1.0]] and indices.tolist() == [[2]]
 
 
+@pytest.mark.parametrize("name", ["end", "index_offset"])
+def test_autograd_keeps_the_numpy_row_arrays_of_the_forward(name):
+    # A NumPy end or index_offset changed between forward and backward (a reused lengths
+    # buffer): torch cannot see that write, so the gradient must come from the forward's values.
+    x = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]], requires_grad=True)
+    arg = np.array([2]) if name == "end" else np.array([10])
+    values, indices = attnkit.topk(x, 4 if name == "end" else 2, **{name: arg})
+    arg[0] = 6 if name == "end" else 11
+    values.sum().backward()  # the padding slots of end=[2] carry no gradient
+    assert x.grad.tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]
+
+
 def test_autograd_with_empty_rows_gives_an_empty_gradient():
     x = torch.zeros(2, 0, requires_grad=True)
     values, _ = attnkit.topk(x, 3)
@@ -503,3 +515,33 @@ def test_compile_fullgraph_with_numpy_end():
     got = torch.compile(lambda a: attnkit.topk(a, 2, end=end), fullgraph=True)(x)
     want = attnkit.topk(x, 2, end=end)
     assert torch.equal(got.indices, want.indices) and torch.equal(got.values, want.values)
+
+
+def test_tensors_without_storage_are_refused_by_name():
+    # A wrapper subclass holds no memory of its own; the dispatcher's op reaches its parts.
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a = torch.randn(2, 10, generator=torch.Generator().manual_seed(5))
+    wrapped = TwoTensor(a, a.clone())
+    with pytest.raises(ValueError, match=r"topk: x \(TwoTensor, 20 elements\) has no storage "
+                                         r"of its own.*torch.ops.attnkit.topk"):
+        attnkit.topk(wrapped, 3)
+    with pytest.raises(ValueError, match=r"topk: x \(Tensor, 120 elements\) has no storage"):
+        attnkit.topk(torch._efficientzerotensor(3, 40), 2)
+    _, indices = torch.ops.attnkit.topk(wrapped, 3, True, "none", None, None, torch.int64, True,
+                                        None, -1, None, "largest", "lowest_index", None)
+    assert torch.equal(indices.a, torch.topk(a, 3, sorted=False).indices.sort().values)
+
+
+def test_caller_buffers_under_functionalize_are_refused_by_name():
+    def f(x):
+        out = torch.empty(2, 3, dtype=torch.int64)
+        attnkit.topk(x, 3, out_indices=out, return_values=False)
+        return out
+
+    with pytest.raises(NotImplementedError,
+                       match="out_values/out_indices cannot be used under torch.func.functionalize"):
+        torch.func.functionalize(f)(torch.randn(2, 10))
+    g = torch.func.functionalize(lambda x: attnkit.topk(x, 3).indices)
+    x = torch.randn(2, 10, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(g(x), attnkit.topk(x, 3).indices)
