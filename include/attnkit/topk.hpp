@@ -57,7 +57,9 @@
 /// outside their rules when checked, an index that does not fit int32; `kNanFound`: a NaN in a
 /// valid range with `nan = kRaise`. No output is written when an error is raised before the
 /// kernel runs. On CUDA, `nan = kRaise` is detected after the kernel ran (one stream sync) and
-/// then leaves the outputs unspecified.
+/// then leaves the outputs unspecified. The CPU backend's scratch comes from the heap: running
+/// out of host memory there throws `std::bad_alloc` (Python: MemoryError), and may leave the
+/// rows written so far in place.
 ///
 /// \par Per-row values
 /// `begin`, `end` and `index_offset` live on the tensors' device. With checking on (the CPU

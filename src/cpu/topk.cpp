@@ -217,8 +217,12 @@ ATTNKIT_VECTOR_CLONES bool has_nan_f16(const std::uint16_t* p, std::int64_t n) {
 // ---------------------------------------------------------------------------------------------
 
 /// Candidates in ascending column order, plus the scratch a reconstruct needs. One per thread,
-/// reused across calls, so the steady state allocates nothing.
+/// reused across calls, so the steady state allocates nothing; a call that needed more than
+/// kKeptCandidates gives its excess back (trim), so one huge k does not hold memory for the
+/// life of the process.
 struct Candidates {
+  static constexpr std::size_t kKeptCandidates = std::size_t{1} << 20;  // 16-24 MB a thread
+
   std::vector<std::uint32_t> score;
   std::vector<std::uint32_t> col;
   std::vector<std::uint32_t> hist;
@@ -231,6 +235,20 @@ struct Candidates {
       col.resize(n);
     }
     if (hist.size() < (std::size_t{1} << kDigitBits)) hist.resize(std::size_t{1} << kDigitBits);
+  }
+
+  /// Frees every list grown past kKeptCandidates; the next call regrows what it needs.
+  void trim() {
+    release_past(score);
+    release_past(col);
+    release_past(bucket);
+    release_past(sample);
+  }
+
+ private:
+  template <class T>
+  static void release_past(std::vector<T>& v) {
+    if (v.size() > kKeptCandidates) std::vector<T>().swap(v);
   }
 };
 
@@ -396,6 +414,7 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
         order_candidates(c, n, p.order);
         cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
       }
+      c.trim();
     });
     return;
   }
@@ -418,6 +437,7 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     std::copy_n(c.score.data(), n, seg_score.data() + t * seg_k);
     std::copy_n(c.col.data(), n, seg_col.data() + t * seg_k);
     seg_count[t] = n;
+    c.trim();
   });
   // Phase 2: segments are consecutive column ranges, so their lists concatenate in column
   // order and one more reconstruct gives the row's exact top-k.
@@ -439,6 +459,7 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     }
     order_candidates(c, n, p.order);
     cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
+    c.trim();
   });
 }
 
