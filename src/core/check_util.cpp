@@ -61,7 +61,7 @@ void check_last_dim_contiguous(const char* op, const char* arg, const TensorView
   if (t.shape[d] > 1 && t.strides[d] != 1) {
     fail(ErrorCode::kLayout, op,
          std::string(arg) + ".stride(-1) = " + std::to_string(t.strides[d]) +
-             "; the last dimension must be contiguous (stride 1)");
+             " elements; the last dimension must be contiguous (stride 1)");
   }
 }
 

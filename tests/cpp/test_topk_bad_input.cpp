@@ -179,7 +179,8 @@ TEST_F(TopkBadInput, XLastDimNotContiguous) {
     TopkTensors t = valid();
     t.x = TensorView::make(x_.at(kN), DType::kFloat32, kCpu, {kB, 3}, {kN, stride});
     expect_error(t, options(), ErrorCode::kLayout,
-                 {"x.stride(-1) = " + std::to_string(stride), "must be contiguous (stride 1)"});
+                 {"x.stride(-1) = " + std::to_string(stride) + " elements",
+                  "must be contiguous (stride 1)"});
   }
   // The rule binds only when a row has more than one element: [B, 1] with stride 7 is fine.
   TopkTensors t = valid();

@@ -131,7 +131,7 @@ CASES = [
     Bad("x_numpy_scalar", lambda: (np.float32(1.0), 1, {}), TypeError, ("x", "NumPy scalar", "[N]"),
         add_outputs=False),
     Bad("x_columns_strided", lambda: (_x(shape=(B, 2 * N))[:, ::2], K, {}), ValueError,
-        ("x.stride(-1) = 2", "contiguous")),
+        ("x.stride(-1) = 2 elements", "contiguous")),
     Bad("x_fortran_order", lambda: (np.asfortranarray(_x()), K, {}), ValueError,
         ("x.stride(-1) = 4", "contiguous")),
     Bad("x_byte_strides", _byte_strides, ValueError, ("x", "byte strides", "41")),
