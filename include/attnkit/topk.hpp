@@ -45,17 +45,21 @@
 ///   `B <= 2^31 - 1`.
 /// - `begin`, `end`, `index_offset`: rank 1, `[B]`, int32 or int64, any stride, same device.
 /// - `out_indices`: `[B, k]` (`[k]` for 1-D `x`), int32 or int64, last dimension contiguous,
-///   any row stride. `out_values`: the same shape, `x`'s dtype. Outputs may not share a byte
+///   any row stride whose rows do not overlap. `out_values`: the same shape, `x`'s dtype.
+///   Outputs may not share a byte
 ///   with each other or any input (they may lie between x's rows, e.g. in spare columns of
 ///   x's buffer, or between the elements of a strided `begin`/`end`/`index_offset`); the
 ///   error gives both byte ranges.
 ///
 /// \par Errors (attnkit::Error)
-/// `kShape`: wrong rank or mismatched sizes; `kDType`: unsupported dtype; `kDevice`: tensors on
-/// different devices, or CUDA tensors in a build without CUDA; `kLayout`: a non-contiguous last
-/// dimension, overlapping buffers; `kValue`: negative k, `begin`/`end`/`index_offset` values
-/// outside their rules when checked, an index that does not fit int32; `kNanFound`: a NaN in a
-/// valid range with `nan = kRaise`. No output is written when an error is raised before the
+/// `kShape`: wrong rank or mismatched sizes, `N` or `B` above 2^31 - 1; `kDType`: unsupported
+/// dtype; `kDevice`: tensors on different devices, or CUDA tensors in a build without CUDA;
+/// `kLayout`: a non-contiguous last dimension, overlapping buffers or output rows, a data
+/// pointer that is not a multiple of the element size, a byte span of 2^62 or more; `kValue`:
+/// k outside [0, 2^31 - 1], a null data pointer with elements, `begin`/`end`/`index_offset`
+/// values outside their rules when checked, an index that does not fit int32, a workspace too
+/// small or not 256-byte aligned; `kNanFound`: a NaN in a valid range with `nan = kRaise`;
+/// `kDeviceFault`: a CUDA runtime call failed; `kInternal`: a broken invariant (please report). No output is written when an error is raised before the
 /// kernel runs. On CUDA, `nan = kRaise` is detected after the kernel ran (one stream sync) and
 /// then leaves the outputs unspecified. The CPU backend's scratch comes from the heap: running
 /// out of host memory there throws `std::bad_alloc` (Python: MemoryError), and may leave the
@@ -157,7 +161,8 @@ std::size_t topk_workspace_size(const TopkTensors& tensors, const TopkOptions& o
 /// where the size is 0, so that code moved to a GPU keeps working). Runs on
 /// `stream` (ignored on the CPU) and returns without synchronizing unless `nan = kRaise` or
 /// `check = kOn` asked for a check that needs it.
-/// \throws Error as listed in the file comment; `kValue` if the workspace is too small.
+/// \throws Error as listed in the file comment; `kValue` if the workspace is too small or not
+/// aligned to 256 bytes.
 void topk(void* workspace, std::size_t& workspace_bytes, const TopkTensors& tensors,
           const TopkOptions& options, cudaStream_t stream = nullptr);
 

@@ -111,7 +111,8 @@ def topk(
     return_values : bool
         Return the values too (default). With False the first result is None.
     out_values, out_indices : array of shape [B, k], optional
-        Caller buffers written in place (any row stride, last dimension contiguous).
+        Caller buffers written in place (any row stride whose rows do not overlap, last
+        dimension contiguous).
     index_offset : array of shape [B], int32 or int64, optional
         Added to every returned index of row b (not to padding).
     index_fill : int
@@ -146,13 +147,15 @@ def topk(
     Raises
     ------
     ValueError
-        Bad shapes, nested tensors, tensors on the meta device, negative k, out-of-range ``begin``/``end``/``index_offset`` (when checked),
-        overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options,
-        ``out_values`` given with ``return_values=False``.
+        Bad shapes, nested tensors, tensors on the meta device, tensors without storage of
+        their own, k outside [0, 2^31 - 1], out-of-range ``begin``/``end``/``index_offset``
+        (when checked), overlapping or mis-shaped output buffers, a NaN with
+        ``nan="raise"``, unknown options, ``out_values`` given with ``return_values=False``,
+        ``backend="reference"`` with an ``x`` that requires grad.
     TypeError
         Unsupported dtypes (NumPy ones not in the machine's byte order among them); non-integer
-        ``k``/``index_fill``, non-bool ``largest``/``return_values``; arguments that are not
-        arrays; masked arrays, non-strided tensors.
+        ``k``/``index_fill``, non-bool ``largest``/``return_values``, a non-real
+        ``value_fill``; arguments that are not arrays; masked arrays, non-strided tensors.
     NotImplementedError
         Under ``torch.func.grad``/``jvp`` (and ``jacrev``, ``jacfwd``, ``hessian``), with
         forward-mode AD (dual tensors, ``torch.func.linearize``) when values are asked for,

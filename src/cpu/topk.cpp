@@ -302,7 +302,7 @@ std::size_t slack_for(std::size_t k) {
 
 /// A score floor that at least k elements of columns [lo, hi) reach with high probability,
 /// estimated from an evenly spaced sample; kExcludedScore when the row is too short for a
-/// sample to pay off. See docs/topk.md, "Sampled starting threshold".
+/// sample to pay off. See docs/topk.md, "CPU", "Sampled floor".
 template <class Traits>
 std::uint32_t sampled_floor(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
                             std::size_t k, ScoreParams sp, Candidates& c) {

@@ -3,7 +3,7 @@
 // or, beyond, of 16384 (512 threads), held in the registers of one thread-block cluster
 // (sm_90) that pools its histograms and counts through distributed shared memory; one CTA per
 // row elsewhere. Algorithm and measured numbers:
-// docs/topk.md ("Cluster kernel").
+// docs/topk.md (the `topk_cluster_rows_kernel` entry).
 //
 //   topk_cluster_rows_kernel  one cluster per row. Thread t of CTA r holds the kPerThread
 //                             consecutive columns from lo + (r * kThreads + t) * kPerThread as
