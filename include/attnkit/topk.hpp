@@ -147,6 +147,9 @@ struct TopkTensors {
 
 /// Validates x, k, the options, begin, end and index_offset as `topk` does, ignoring the
 /// outputs: lets a caller that allocates the [B, k] outputs report bad input before it does.
+/// The per-row values of begin, end and index_offset are checked here on the CPU only (with
+/// checking on; index_offset against int64's range, since the index dtype comes with the
+/// outputs); on CUDA, where reading them costs a sync, `topk` checks them before it writes.
 /// \throws Error as listed in the file comment.
 void topk_check_inputs(const TopkTensors& tensors, const TopkOptions& options);
 

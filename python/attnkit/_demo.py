@@ -17,7 +17,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -615,6 +614,8 @@ def _issue_lines(results: list[CaseResult], device: str) -> list[str]:
 
 def _check_writable(path: str) -> None:
     """Refuses a --json path that cannot be written before the run, not after it."""
+    if not path:
+        raise DemoUsageError("--json '': empty path")
     target = os.path.abspath(path)
     folder = os.path.dirname(target)
     if os.path.isdir(target):
@@ -623,11 +624,16 @@ def _check_writable(path: str) -> None:
         raise DemoUsageError(f"--json {path}: folder {folder} does not exist")
     if os.path.exists(target) and not os.access(target, os.W_OK):
         raise DemoUsageError(f"--json {path}: not writable")
-    try:  # a scratch file in the folder: the one test that every file system answers
-        with tempfile.TemporaryFile(dir=folder):
+    # Opening the file itself (kept as it is, and removed again if it was not there) is the
+    # one test that every file system and every name (too long, ...) answers.
+    existed = os.path.exists(target)
+    try:
+        with open(target, "a"):
             pass
     except OSError as e:
-        raise DemoUsageError(f"--json {path}: cannot write in {folder}: {e.strerror or e}") from None
+        raise DemoUsageError(f"--json {path}: cannot write: {e.strerror or e}") from None
+    if not existed:
+        os.remove(target)
 
 
 def run(args) -> int:
@@ -643,7 +649,7 @@ def run(args) -> int:
         raise DemoUsageError(f"--warmup {args.warmup}: must be >= 0")
     if not 0 <= args.seed < 2**32:
         raise DemoUsageError(f"--seed {args.seed}: must be in [0, 2^32)")
-    if args.json:
+    if args.json is not None:
         _check_writable(args.json)
     device, torch = choose_device(args.device)
     if args.list:

@@ -50,10 +50,16 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
     import ml_dtypes
     import numpy as np
 
+    if not path:
+        raise InputError(f"{what} '': empty path")
     p = Path(path)
-    if not p.exists():
+    try:
+        exists, is_dir = p.exists(), p.is_dir()
+    except OSError as e:  # e.g. a name too long, a folder that cannot be searched
+        raise InputError(f"{what} {path}: {e.strerror or _one_line(e)}") from None
+    if not exists:
         raise InputError(f"{what} {path}: no such file")
-    if p.is_dir():
+    if is_dir:
         raise InputError(f"{what} {path}: is a directory, not a .npy file")
     try:
         with open(p, "rb") as f:
@@ -100,6 +106,8 @@ def cmd_topk(args) -> int:
         set_num_threads(args.threads)
     if not 0 <= args.k <= 2**31 - 1:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
+    if not args.output:
+        raise InputError("--output '': empty path")
     x = load_npy(args.input, "--input", _X_DTYPES, (1, 2))
     rows = {}
     for opt in ("begin", "end", "index_offset"):
@@ -164,8 +172,15 @@ def cmd_demo(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors in one line (the full usage is one --help away)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="attnkit",
         description="attnkit: top-k and related kernels for sparse and linear attention.",
         epilog="Exit codes: 0 success, 1 a demo check failed, 2 usage or input error.")
@@ -259,6 +274,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # point stdout at devnull so that the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:  # writing the report failed, e.g. stdout on a full disk
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"attnkit {args.command}: error: {e.strerror or _one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ bool as_row_intervals(const TensorView& t, RowIntervals& r) {
     if (t.shape[last] > 1 && t.strides[last] != 1) return false;
     r.width = static_cast<std::intptr_t>(t.shape[last]) * elem;
     r.rows = t.ndim == 2 ? t.shape[0] : 1;
-    r.stride = t.ndim == 2 ? static_cast<std::intptr_t>(t.strides[0]) * elem : 0;
+    // A single row's stride is never stepped (and may be any value: check_storage skips it).
+    r.stride = r.rows > 1 ? static_cast<std::intptr_t>(t.strides[0]) * elem : 0;
   }
   r.start = base;
   if (r.stride < 0) {  // the same rows walked from the other end

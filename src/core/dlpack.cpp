@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attnkit/dlpack.hpp"
 
+#include <cstring>
 #include <string>
 
 #include "attnkit/error.hpp"
@@ -52,7 +53,12 @@ DLDataType dl_from_dtype(DType d) {
 TensorView from_dlpack(const DLTensor& t) {
   TensorView v;
   v.dtype = dtype_from_dl(t.dtype);
-  switch (t.device.device_type) {
+  // The device type read as an integer: a producer's unknown type is no DLDeviceType value,
+  // and loading it as one would be undefined.
+  int device_type = 0;
+  static_assert(sizeof(t.device.device_type) == sizeof(device_type));
+  std::memcpy(&device_type, &t.device.device_type, sizeof(device_type));
+  switch (device_type) {
     case kDLCPU:
     case kDLCUDAHost:  // pinned host memory is ordinary CPU memory to the CPU backend
       v.device = Device{DeviceType::kCPU, 0};
@@ -62,12 +68,16 @@ TensorView from_dlpack(const DLTensor& t) {
       break;
     default:
       throw Error(ErrorCode::kDevice, "from_dlpack: DLPack device type " +
-                                          std::to_string(t.device.device_type) +
-                                          " is not CPU or CUDA");
+                                          std::to_string(device_type) + " is not CPU or CUDA");
   }
   if (t.ndim < 0 || t.ndim > kMaxDims) {
     throw Error(ErrorCode::kShape, "from_dlpack: ndim = " + std::to_string(t.ndim) +
                                        " must be in [0, " + std::to_string(kMaxDims) + "]");
+  }
+  if (t.ndim > 0 && t.shape == nullptr) {
+    throw Error(ErrorCode::kShape,
+                "from_dlpack: shape is null with ndim = " + std::to_string(t.ndim) +
+                    "; DLPack requires a shape for every dimension");
   }
   v.ndim = t.ndim;
   // An empty tensor may have a null data pointer; no offset is applied to it.

@@ -85,7 +85,14 @@ void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cud
 }  // namespace
 
 void topk_check_inputs(const TopkTensors& tensors, const TopkOptions& options) {
-  (void)detail::check_topk_inputs(tensors, options);
+  TopkProblem p = detail::check_topk_inputs(tensors, options);
+  // On the CPU the per-row values are host memory, read at no cost: checked here too, so that
+  // a bad begin or end is named before the caller allocates outputs. The index dtype comes
+  // with the outputs, so index_offset is held to int64's range here (int32's in topk).
+  if (p.check_rows && !on_cuda(p)) {
+    p.indices_int64 = true;
+    detail::check_topk_row_values(p, p.begin, p.end, p.index_offset);
+  }
 }
 
 std::size_t topk_workspace_size(const TopkTensors& tensors, const TopkOptions& options) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -309,6 +310,13 @@ TEST(TensorDlpack, Errors) {
   expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "ndim = 7");
   t.ndim = -1;
   expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "ndim = -1");
+  t.ndim = 1;
+  t.shape = nullptr;  // DLPack requires a shape; strides may be null, the shape may not
+  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "shape is null");
+  t.shape = shape;
+  const int unknown = 12345;  // no DLDeviceType enumerator: read as an integer
+  std::memcpy(&t.device.device_type, &unknown, sizeof(unknown));
+  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDevice, "device type 12345");
 }
 
 #endif  // ATTNKIT_TEST_DLPACK

@@ -69,3 +69,30 @@ TEST(TopkApi, InputsCheckedBeforeOutputsExist) {
   t.begin.reset();
   EXPECT_THROW(attnkit::topk_check_inputs(t, options), attnkit::Error);
 }
+
+// On the CPU the per-row values are checked too, before any output exists: a bad end is named
+// rather than hidden behind the allocation of a huge [B, k]. index_offset is held to int64's
+// range only, since the index dtype comes with the outputs.
+TEST(TopkApi, CpuRowValuesCheckedBeforeOutputsExist) {
+  std::vector<float> x(3 * 10, 0.0f);
+  std::vector<std::int64_t> end = {10, 11, 4};
+  std::vector<std::int64_t> offset = {0, std::int64_t{1} << 40, 0};
+  attnkit::TopkTensors t;  // no outputs
+  t.x = attnkit::TensorView::make(x.data(), attnkit::DType::kFloat32, {}, {3, 10});
+  t.end = attnkit::TensorView::make(end.data(), attnkit::DType::kInt64, {}, {3});
+  attnkit::TopkOptions options;
+  options.k = std::int64_t{1} << 30;
+  try {
+    attnkit::topk_check_inputs(t, options);
+    FAIL() << "end[1] = 11 > N = 10 passed";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kValue);
+    EXPECT_NE(std::string(e.what()).find("end[1] = 11"), std::string::npos) << e.what();
+  }
+  options.check = attnkit::CheckMode::kOff;  // unchecked: the kernels clamp
+  EXPECT_NO_THROW(attnkit::topk_check_inputs(t, options));
+  options.check = attnkit::CheckMode::kDefault;
+  end[1] = 10;
+  t.index_offset = attnkit::TensorView::make(offset.data(), attnkit::DType::kInt64, {}, {3});
+  EXPECT_NO_THROW(attnkit::topk_check_inputs(t, options));  // fits int64 indices
+}

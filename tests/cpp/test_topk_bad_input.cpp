@@ -961,6 +961,31 @@ TEST(TopkEmptyRows, NullDataAndExtremeRowStridesOnlyPad) {
 }
 
 // A dimension of size 1 never steps by its stride, whatever it is (INT64_MIN included).
+// A single row's stride is never stepped and may take any value; the overlap check must still
+// find an output inside that row, without stepping (or overflowing) the stride in bytes.
+TEST(TopkOverlap, AnOutputInsideASingleRowWithAnExtremeStride) {
+  for (std::int64_t stride : {std::numeric_limits<std::int64_t>::max(),
+                              std::numeric_limits<std::int64_t>::min()}) {
+    SCOPED_TRACE(stride);
+    std::vector<float> buf(16, 1.0f);
+    attnkit::TopkTensors t;
+    t.x = TensorView::make(buf.data(), DType::kFloat32, kCpu, {1, 4}, {stride, 1});
+    t.out_indices = TensorView::make(buf.data() + 2, DType::kInt32, kCpu, {1, 2});
+    attnkit::TopkOptions o;
+    o.k = 2;
+    const std::vector<float> before = buf;
+    try {
+      attnkit::topk(t, o);
+      ADD_FAILURE() << "an output inside x was accepted";
+    } catch (const attnkit::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kLayout);
+      EXPECT_NE(std::string(e.what()).find("out_indices (bytes"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("overlaps x"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(buf, before);
+  }
+}
+
 TEST(TopkLayout, AnyStrideOnADimensionOfOne) {
   std::vector<float> x = {3.0f, 9.0f, 1.0f, 9.0f};
   std::vector<std::int64_t> idx(2, -5);

@@ -27,15 +27,24 @@ def restore_threads():
     (["demo", "--quick", "--threads", "5000"], "--threads 5000: must be in [1, 4096]"),
     (["demo", "--quick", "--seed", "-1"], "--seed -1: must be in [0, 2^32)"),
     (["demo", "--quick", "--repeats", "0"], "--repeats 0: must be >= 1"),
+    (["demo", "--quick", "--json", ""], "--json '': empty path"),
+    (["demo", "--quick", "--json", "x" * 300 + ".json"], "File name too long"),
+    (["topk", "-k", "abc", "-i", "x.npy", "-o", "o.npz"], "invalid int value: 'abc'"),
+    (["topk", "-k", "3", "-i", "x.npy"], "the following arguments are required: --output"),
     (["demo", "--quick", "--warmup", "-3"], "--warmup -3: must be >= 0"),
     (["demo", "--quick", "--cases", ","], "--cases ',': no pattern given"),
     (["demo", "--quick", "--cases", "no-such-case"], "no case matches 'no-such-case'"),
     (["demo", "--quick", "--json", "/nonexistent-folder/out.json"], "does not exist"),
 ])
 def test_demo_usage_errors(argv, fragment, capsys, restore_threads):
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors exit from parse_args
+        code = e.code
+    assert code == 2
+    out, err = capsys.readouterr()
     assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+    assert "checks:" not in out  # refused before any case ran
 
 
 def test_demo_json_folder_is_refused_before_the_run(tmp_path, capsys):
@@ -65,6 +74,32 @@ def test_topk_command_refuses_k_out_of_range(tmp_path, k, fragment, capsys):
     err = capsys.readouterr().err
     assert fragment in err and "Traceback" not in err
     assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--input", "x" * 300 + ".npy", "-k", "3", "--output", "o.npz"], "File name too long"),
+    (["--input", "", "-k", "3", "--output", "o.npz"], "--input '': empty path"),
+    (["--input", "{x}", "-k", "3", "--output", ""], "--output '': empty path"),
+    (["--input", "{x}", "-k", "3", "--begin", "b" * 300 + ".npy", "--output", "o.npz"],
+     "--begin " + "b" * 300 + ".npy: File name too long"),
+])
+def test_topk_command_refuses_bad_paths_in_one_line(tmp_path, args, fragment, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    argv = ["topk"] + [a.replace("{x}", str(tmp_path / "x.npy")) for a in args]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_failing_stdout_is_one_line_not_a_traceback():
+    # `attnkit info > /dev/full`: the report cannot be written.
+    main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-c", main, "info"], stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=60)
+    assert run.returncode == 1
+    assert run.stderr.startswith("attnkit info: error: No space left on device")
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
 
 
 @pytest.mark.parametrize("cuda_build, gpu_visible, fragment", [
