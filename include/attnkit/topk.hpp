@@ -46,10 +46,9 @@
 /// - `begin`, `end`, `index_offset`: rank 1, `[B]`, int32 or int64, any stride, same device.
 /// - `out_indices`: `[B, k]` (`[k]` for 1-D `x`), int32 or int64, last dimension contiguous,
 ///   any row stride whose rows do not overlap. `out_values`: the same shape, `x`'s dtype.
-///   Outputs may not share a byte
-///   with each other or any input (they may lie between x's rows, e.g. in spare columns of
-///   x's buffer, or between the elements of a strided `begin`/`end`/`index_offset`); the
-///   error gives both byte ranges.
+///   Outputs may not share a byte with each other or any input (they may lie between x's
+///   rows, e.g. in spare columns of x's buffer, or between the elements of a strided
+///   `begin`/`end`/`index_offset`); the error gives both byte ranges.
 ///
 /// \par Errors (attnkit::Error)
 /// `kShape`: wrong rank or mismatched sizes, `N` or `B` above 2^31 - 1; `kDType`: unsupported
@@ -59,11 +58,12 @@
 /// k outside [0, 2^31 - 1], a null data pointer with elements, `begin`/`end`/`index_offset`
 /// values outside their rules when checked, an index that does not fit int32, a workspace too
 /// small or not 256-byte aligned; `kNanFound`: a NaN in a valid range with `nan = kRaise`;
-/// `kDeviceFault`: a CUDA runtime call failed; `kInternal`: a broken invariant (please report). No output is written when an error is raised before the
-/// kernel runs. On CUDA, `nan = kRaise` is detected after the kernel ran (one stream sync) and
-/// then leaves the outputs unspecified. The CPU backend's scratch comes from the heap: running
-/// out of host memory there throws `std::bad_alloc` (Python: MemoryError), and may leave the
-/// rows written so far in place.
+/// `kDeviceFault`: a CUDA runtime call failed; `kInternal`: a broken invariant (please report).
+/// No output is written when an error is raised before the kernel runs. On CUDA,
+/// `nan = kRaise` is detected after the kernel ran (one stream sync) and then leaves the
+/// outputs unspecified. The CPU backend's scratch comes from the heap: running out of host
+/// memory there throws `std::bad_alloc` (Python: MemoryError), and may leave the rows written
+/// so far in place.
 ///
 /// \par Per-row values
 /// `begin`, `end` and `index_offset` live on the tensors' device. With checking on (the CPU

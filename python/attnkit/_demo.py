@@ -622,8 +622,6 @@ def _check_writable(path: str) -> None:
         raise DemoUsageError(f"--json {path}: is a directory")
     if not os.path.isdir(folder):
         raise DemoUsageError(f"--json {path}: folder {folder} does not exist")
-    if os.path.exists(target) and not os.access(target, os.W_OK):
-        raise DemoUsageError(f"--json {path}: not writable")
     # Opening the file itself (kept as it is, and removed again if it was not there) is the
     # one test that every file system and every name (too long, ...) answers.
     existed = os.path.exists(target)

@@ -269,13 +269,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"attnkit {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader went away (`attnkit demo | head`): stop quietly, as other tools do, and
-        # point stdout at devnull so that the interpreter's final flush does not fail again.
+    except OSError as e:
+        # Writing the report failed: the reader went away (`attnkit demo | head`) or the disk
+        # is full. stdout goes to devnull, so that the interpreter's final flush does not fail
+        # again; a closed pipe stops quietly, as other tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    except OSError as e:  # writing the report failed, e.g. stdout on a full disk
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if isinstance(e, BrokenPipeError):
+            return 141
         print(f"attnkit {args.command}: error: {e.strerror or _one_line(e)}", file=sys.stderr)
         return 1
 

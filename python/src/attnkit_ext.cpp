@@ -117,8 +117,9 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
     if (!nb::try_cast(obj, a)) {
       nb::ndarray<nb::ro> r;
       if (nb::try_cast(obj, r)) {
-        throw attnkit::Error(attnkit::ErrorCode::kValue,
-                             "topk: " + std::string(name) + " is read-only; outputs must be writable");
+        throw attnkit::Error(
+            attnkit::ErrorCode::kValue,
+            "topk: " + std::string(name) + " is read-only; outputs must be writable");
       }
       throw not_dlpack();
     }

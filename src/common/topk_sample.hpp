@@ -117,7 +117,7 @@ inline constexpr std::int64_t kFilterSampleMaxKeys =
 /// expected count of sampled keys among the best k (the margin: FilterEngine::sample_floor).
 /// A rank beyond a quarter of the sample means no floor: it would let in much of the range.
 ATTNKIT_HD std::uint32_t filter_floor_rank(std::int64_t k, std::uint32_t samples,
-                                                  std::int64_t len) {
+                                           std::int64_t len) {
   const float expected =
       static_cast<float>(k) * static_cast<float>(samples) / static_cast<float>(len);
   return static_cast<std::uint32_t>(expected + 5.0f * sqrtf(expected) + 5.0f);
@@ -169,4 +169,5 @@ ATTNKIT_HD constexpr bool filter_sampled_vector(std::int64_t v, std::int64_t vec
   const std::int64_t t = v / (vectors / samples);
   return t < samples && filter_sample_vector(t, vectors, per_thread) == v;
 }
+
 }  // namespace attnkit::detail

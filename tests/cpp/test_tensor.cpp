@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnkit/attnkit.hpp"
+#include "topk_test_util.hpp"
 #if defined(ATTNKIT_TEST_DLPACK)
 #include "attnkit/dlpack.hpp"
 #endif
@@ -21,6 +22,7 @@ using attnkit::DeviceType;
 using attnkit::DType;
 using attnkit::ErrorCode;
 using attnkit::TensorView;
+using attnkit_test::expect_throws;
 
 struct DTypeFact {
   DType dtype;
@@ -37,19 +39,6 @@ const DTypeFact kDTypes[] = {
     {DType::kUInt32, "uint32", 4},   {DType::kUInt64, "uint64", 8},
     {DType::kBool, "bool", 1},
 };
-
-/// Runs `fn`, which must throw attnkit::Error with `code` and a message holding `needle`.
-template <class Fn>
-void expect_error(Fn&& fn, ErrorCode code, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected " << attnkit::error_code_name(code);
-  } catch (const attnkit::Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message \"" << e.what() << "\" does not contain \"" << needle << "\"";
-  }
-}
 
 TEST(Tensor, MakeContiguousStrides) {
   float storage[1];
@@ -101,17 +90,17 @@ TEST(Tensor, MakeExplicitStrides) {
 }
 
 TEST(Tensor, MakeErrors) {
-  expect_error(
+  expect_throws(
       [] {
         (void)TensorView::make(nullptr, DType::kFloat32, {}, {1, 1, 1, 1, 1, 1, 1});
       },
       ErrorCode::kShape, "7 dimensions, at most 6");
-  expect_error(
+  expect_throws(
       [] {
         (void)TensorView::make(nullptr, DType::kFloat32, {}, {2, 3}, {1});
       },
       ErrorCode::kShape, "1 strides for 2 dimensions");
-  expect_error(
+  expect_throws(
       [] {
         (void)TensorView::make(nullptr, DType::kFloat32, {}, {2}, {1, 1, 1});
       },
@@ -297,26 +286,26 @@ TEST(TensorDlpack, Errors) {
   t.ndim = 1;
   t.shape = shape;
   t.dtype = {kDLComplex, 64, 1};
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDType, "code 5, bits 64");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDType, "code 5, bits 64");
   t.dtype = {kDLFloat, 32, 4};  // vector lanes
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDType, "lanes 4");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDType, "lanes 4");
   t.dtype = {kDLFloat, 8, 1};
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDType, "has no attnkit dtype");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDType, "has no attnkit dtype");
   t.dtype = {kDLFloat, 32, 1};
   t.device = {kDLVulkan, 0};
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDevice, "device type 7");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDevice, "device type 7");
   t.device = {kDLCPU, 0};
   t.ndim = 7;
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "ndim = 7");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "ndim = 7");
   t.ndim = -1;
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "ndim = -1");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "ndim = -1");
   t.ndim = 1;
   t.shape = nullptr;  // DLPack requires a shape; strides may be null, the shape may not
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "shape is null");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kShape, "shape is null");
   t.shape = shape;
   const int unknown = 12345;  // no DLDeviceType enumerator: read as an integer
   std::memcpy(&t.device.device_type, &unknown, sizeof(unknown));
-  expect_error([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDevice, "device type 12345");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDevice, "device type 12345");
 }
 
 #endif  // ATTNKIT_TEST_DLPACK

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <random>
@@ -1334,6 +1335,27 @@ class CaseChecker {
   int cases_ = 0;
   int failures_ = 0;
 };
+
+/// Runs `fn`, which must throw attnkit::Error with `code` and a message holding each of
+/// `needles`.
+template <class Fn>
+void expect_throws(Fn&& fn, ErrorCode code, std::initializer_list<std::string> needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected " << attnkit::error_code_name(code);
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+          << "message \"" << e.what() << "\" does not contain \"" << needle << "\"";
+    }
+  }
+}
+
+template <class Fn>
+void expect_throws(Fn&& fn, ErrorCode code, const std::string& needle) {
+  expect_throws(std::forward<Fn>(fn), code, {needle});
+}
 
 /// Restores the CPU thread count when a test that changes it ends, however it ends.
 class ThreadCountGuard {

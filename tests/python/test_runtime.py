@@ -169,6 +169,14 @@ def test_fork_while_another_thread_is_inside_topk(restore_threads):
     assert not hung, f"{len(hung)} of 6 forked children hung in their first attnkit.topk"
 
 
+def _child_prints_mib(code: str) -> int:
+    """Runs `code` in a fresh interpreter (its own memory counters) and returns the number of
+    MiB it prints last."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip().splitlines()[-1])
+
+
 def test_split_rows_scratch_does_not_grow_with_threads():
     # One long row split over many threads with k = N: the per-segment lists hold at most their
     # segment, so the peak memory stays near the row's size (2^22 fp32: 16 MiB in, 16 MiB out)
@@ -181,9 +189,7 @@ def test_split_rows_scratch_does_not_grow_with_threads():
         "r = attnkit.topk(x, 1 << 22, indices_dtype='int32', return_values=False)\n"
         "assert np.array_equal(np.sort(r.indices[0]), np.arange(1 << 22))\n"
         "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    grown_mib = int(out.stdout.strip().splitlines()[-1])
+    grown_mib = _child_prints_mib(code)
     assert grown_mib < 200, f"peak memory grew by {grown_mib} MiB for a 16 MiB row"
 
 
@@ -204,7 +210,5 @@ def test_large_k_scratch_is_given_back():
         "assert (np.diff(r.values, axis=1) <= 0).all()\n"
         "del r\n"
         "print(rss_mib() - before)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    held_mib = int(out.stdout.strip().splitlines()[-1])
+    held_mib = _child_prints_mib(code)
     assert held_mib < 24, f"the process holds {held_mib} MiB more after the call"
