@@ -442,7 +442,7 @@ def test_a_non_array_is_named_with_its_article():
 
 def test_a_loaded_bfloat16_npy_gets_a_hint(tmp_path):
     # np.save writes ml_dtypes' bfloat16 as 2-byte void records, which np.load returns.
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import ml_dtypes  # a dependency of attnkit itself
     path = tmp_path / "scores.npy"
     np.save(path, np.ones((2, 8), ml_dtypes.bfloat16))
     loaded = np.load(path)
