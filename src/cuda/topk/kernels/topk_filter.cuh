@@ -898,11 +898,44 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
     return;
   }
 
-  if (row_floor > kExcludedScore + 1) e.set_threshold(row_floor - 1);
-  // When the newcomer list holds every candidate, they are selected once, at the end.
-  if (total <= e.newcomer_slots) e.limit = total + 1;
   const std::uint32_t* keys = p.slice_key + b * p.slices * static_cast<std::int64_t>(p.slot_stride);
   const std::uint32_t* cols = p.slice_col + b * p.slices * static_cast<std::int64_t>(p.slot_stride);
+  // The slice holding candidate i: the last s with first[s] <= i (empty slices skipped).
+  auto slice_of = [&](std::uint32_t i) {
+    int lo_s = 0, hi_s = p.slices;  // first[lo_s] <= i < first[hi_s]
+    while (hi_s - lo_s > 1) {
+      const int mid = (lo_s + hi_s) / 2;
+      if (first[mid] <= i) lo_s = mid; else hi_s = mid;
+    }
+    return lo_s;
+  };
+  if (total <= e.newcomer_slots) {
+    // Every list fits the newcomer list: the concatenation, already in column order, is copied
+    // there as it is (no admission test, no count exchange a round) and selected once. Four
+    // candidates a thread at a time keep four lookups and their loads in flight together.
+    const Candidates nc = e.newcomers();
+    for (std::uint32_t i0 = tid; i0 < total; i0 += 4 * kThreads) {
+      std::int64_t at[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t i = i0 + j * kThreads;
+        const int slice = i < total ? slice_of(i) : 0;
+        at[j] = static_cast<std::int64_t>(slice) * p.slot_stride + (i - first[slice]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t i = i0 + j * kThreads;
+        if (i < total) {
+          nc.key[i] = keys[at[j]];
+          nc.col[i] = cols[at[j]];
+        }
+      }
+    }
+    e.newcomers_n = total;
+    write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
+    return;
+  }
+  if (row_floor > kExcludedScore + 1) e.set_threshold(row_floor - 1);
   // Thread t takes candidates 4 (v0 + t) .. +3 of the concatenation: the groups of append are
   // ordered by thread, so the list stays in column order.
   for (std::uint32_t v0 = 0; v0 < total; v0 += 4 * kThreads) {
@@ -910,13 +943,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
     std::uint32_t key[4] = {}, col[4] = {};  // unrolled: registers
     const std::uint32_t i0 = v0 + 4 * tid;
     if (i0 < total) {
-      // The slice holding candidate i0: the last s with first[s] <= i0 (empty slices skipped).
-      int lo_s = 0, hi_s = p.slices;  // first[lo_s] <= i0 < first[hi_s]
-      while (hi_s - lo_s > 1) {
-        const int mid = (lo_s + hi_s) / 2;
-        if (first[mid] <= i0) lo_s = mid; else hi_s = mid;
-      }
-      int slice = lo_s;
+      int slice = slice_of(i0);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const std::uint32_t i = i0 + j;
