@@ -20,12 +20,13 @@
 //                      the best k in the other survivor list and the threshold rises to the
 //                      k-th key. Single-slice launches write the outputs; multi-slice launches
 //                      write each slice's best k to workspace.
-//   topk_merge_kernel  one CTA per row: reads the slices' kept (key, column) lists, which are
-//                      in column order slice after slice, through the same filter from the
+//   topk_merge_kernel  one CTA per row: the slices' kept (key, column) lists, in column order
+//                      slice after slice, are copied into the newcomer list when they all fit
+//                      it and selected once, else read through the same filter from the
 //                      largest of the slices' final thresholds (a lower bound of the row's k-th
-//                      best), or streams the row again when they hold fewer than k, then writes
-//                      the outputs. Used when B is too small to fill the GPU with one CTA per
-//                      row.
+//                      best); the row is streamed again when they hold fewer than k. Then the
+//                      outputs are written. Used when B is too small to fill the GPU with one
+//                      CTA per row.
 //
 // Thread roles: all threads load, filter and append; all take part in every select.
 // Shared memory (dynamic): survivors key/col [2][kS] (kS = next power of two >= k, so the
@@ -852,10 +853,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   }
 }
 
-/// One CTA per row: the slices' kept lists, concatenated slice after slice (column order), go
-/// through the filter from the largest of the slices' final thresholds (a lower bound of the
-/// row's k-th best: a slice that kept k scores them all at least its threshold), then the
-/// outputs are written. Used when B is too small to fill the GPU with one CTA per row.
+/// One CTA per row: the slices' kept lists, concatenated slice after slice (column order), are
+/// selected once when they all fit the newcomer list, else go through the filter from the
+/// largest of the slices' final thresholds (a lower bound of the row's k-th best: a slice that
+/// kept k scores them all at least its threshold); then the outputs are written. Used when B is too small to fill the GPU with one CTA per row.
 ///
 /// Exactness: every slice admitted only scores at or above the row's sampled floor F, and
 /// dropped an element only for k better ones of its own. If the slices hold at least k
