@@ -937,7 +937,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
     return;
   }
   if (row_floor > kExcludedScore + 1) e.set_threshold(row_floor - 1);
-  // Thread t takes candidates 4 (v0 + t) .. +3 of the concatenation: the groups of append are
+  // Thread t takes candidates v0 + 4 t .. +3 of the concatenation: the groups of append are
   // ordered by thread, so the list stays in column order.
   for (std::uint32_t v0 = 0; v0 < total; v0 += 4 * kThreads) {
     std::uint32_t mask[1] = {0};
