@@ -856,7 +856,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
 /// One CTA per row: the slices' kept lists, concatenated slice after slice (column order), are
 /// selected once when they all fit the newcomer list, else go through the filter from the
 /// largest of the slices' final thresholds (a lower bound of the row's k-th best: a slice that
-/// kept k scores them all at least its threshold); then the outputs are written. Used when B is too small to fill the GPU with one CTA per row.
+/// kept k scores them all at least its threshold); then the outputs are written. Used when B
+/// is too small to fill the GPU with one CTA per row.
 ///
 /// Exactness: every slice admitted only scores at or above the row's sampled floor F, and
 /// dropped an element only for k better ones of its own. If the slices hold at least k
