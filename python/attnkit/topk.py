@@ -74,7 +74,7 @@ def topk(
     sorted: Union[str, bool] = "none",
     begin: Any = None,
     end: Any = None,
-    indices_dtype: Any = "int64",
+    indices_dtype: Any = None,
     return_values: bool = True,
     out_values: Any = None,
     out_indices: Any = None,
@@ -106,8 +106,9 @@ def topk(
         ``True`` means "value" and ``False`` "none", as in ``torch.topk``.
     begin, end : array of shape [B], int32 or int64, optional
         Row b's valid range is ``[begin[b], end[b])`` (defaults 0 and N), on x's device.
-    indices_dtype : "int32" or "int64" (or the NumPy/torch dtype)
-        Dtype of the returned indices when ``out_indices`` is not given.
+    indices_dtype : "int32" or "int64" (or the NumPy/torch dtype), optional
+        Dtype of the returned indices (default int64). With ``out_indices`` it may be left
+        out; given, it must be ``out_indices``' dtype (ValueError otherwise).
     return_values : bool
         Return the values too (default). With False the first result is None.
     out_values, out_indices : array of shape [B, k], optional
@@ -205,13 +206,21 @@ def topk(
     if out_values is not None and not return_values:
         raise ValueError("topk: out_values is given but return_values = False")
     index_name = None
-    if out_indices is None:
+    if out_indices is None or indices_dtype is not None:
         try:
-            index_name = _arrays.dtype_name(indices_dtype)
+            index_name = _arrays.dtype_name("int64" if indices_dtype is None else indices_dtype)
         except TypeError:
             pass
         if index_name not in ("int32", "int64"):
             raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
+    if out_indices is not None and index_name is not None:
+        try:
+            buffer_index = _arrays.array_dtype_name(out_indices, "out_indices")
+        except TypeError:
+            buffer_index = None  # reported with the other checks of out_indices
+        if buffer_index is not None and buffer_index != index_name:
+            raise ValueError(f"topk: indices_dtype = {index_name} but out_indices has dtype "
+                             f"{buffer_index}; leave indices_dtype out or give the same dtype")
 
     for name, out in (("out_values", out_values), ("out_indices", out_indices)):
         if not _arrays.is_torch(out):

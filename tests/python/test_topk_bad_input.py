@@ -194,6 +194,9 @@ CASES = [
         TypeError, ("out_indices.dtype = float32",), add_outputs=False),
     Bad("out_indices_int16", _wrong("oi", out_indices=poisoned((B, K), np.int16)),
         TypeError, ("out_indices.dtype = int16",), add_outputs=False),
+    Bad("indices_dtype_against_out_indices",
+        _wrong("oi", out_indices=poisoned((B, K), np.int32), indices_dtype="int64"), ValueError,
+        ("indices_dtype = int64", "out_indices has dtype int32"), add_outputs=False),
     Bad("out_indices_strided_columns",
         _wrong("oi", out_indices=poisoned((B, 2 * K), np.int64)[:, ::2]), ValueError,
         ("out_indices.stride(-1) = 2",), add_outputs=False),
@@ -361,6 +364,15 @@ def test_read_only_outputs_are_refused_and_untouched():
     with pytest.raises(ValueError, match="out_indices is read-only"):
         attnkit.topk(x, 2, out_indices=out_i)
     assert frozen == bytes(32)
+
+
+def test_indices_dtype_equal_to_out_indices_is_accepted():
+    x = _x()
+    for dtype in (np.int32, np.int64):
+        out = np.full((B, K), -7, dtype)
+        got = attnkit.topk(x, K, out_indices=out, indices_dtype=dtype)
+        assert got.indices is out
+        assert_same_result(got, topk_reference(x, K, indices_dtype=dtype), f"indices {dtype}")
 
 
 @pytest.mark.parametrize("k", [2**31, 2**40, 2**62])
