@@ -45,6 +45,17 @@ def _one_line(e: BaseException) -> str:
     return text or type(e).__name__
 
 
+def _with_file(message: str, args) -> str:
+    """An error of topk about one of the arrays read from a file, led by its flag and path."""
+    for name, flag in (("x", "--input"), ("begin", "--begin"), ("end", "--end"),
+                       ("index_offset", "--index-offset")):
+        path = args.input if name == "x" else getattr(args, name)
+        for lead in (f"topk: {name} ", f"topk: {name}[", f"topk: {name}."):
+            if path is not None and message.startswith(lead):
+                return f"{flag} {path}: {message.removeprefix('topk: ')}"
+    return message
+
+
 def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int]):
     """The array in `path`, in native byte order, or InputError saying what is wrong."""
     import ml_dtypes
@@ -122,7 +133,7 @@ def cmd_topk(args) -> int:
             return_values=not args.no_values, index_fill=args.index_fill,
             value_fill=args.value_fill, nan=args.nan, ties=args.ties, **rows)
     except (ValueError, TypeError) as e:
-        raise InputError(_one_line(e)) from None
+        raise InputError(_with_file(_one_line(e), args)) from None
     except MemoryError:
         raise InputError(f"-k {args.k}: the [B, k] outputs do not fit in memory") from None
     elapsed = time.perf_counter() - start

@@ -91,6 +91,17 @@ def test_topk_command_refuses_bad_paths_in_one_line(tmp_path, args, fragment, ca
     assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_topk_command_names_the_file_of_a_bad_row_array(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((4, 5), np.float32))
+    np.save(tmp_path / "end.npy", np.array([1, 2], np.int64))
+    argv = ["topk", "--input", str(tmp_path / "x.npy"), "-k", "2", "--end",
+            str(tmp_path / "end.npy"), "--output", str(tmp_path / "o.npz")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--end {tmp_path / 'end.npy'}: end has shape [2]; expected [B] = [4]" in err, err
+    assert not (tmp_path / "o.npz").exists()
+
+
 def test_a_failing_stdout_is_one_line_not_a_traceback():
     # `attnkit info > /dev/full`: the report cannot be written.
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
