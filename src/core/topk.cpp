@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnkit/error.hpp"
@@ -82,25 +83,22 @@ void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cud
 #endif
 }
 
-}  // namespace
-
-void topk_check_inputs(const TopkTensors& tensors, const TopkOptions& options) {
-  TopkProblem p = detail::check_topk_inputs(tensors, options);
-  // On the CPU the per-row values are host memory, read at no cost: checked here too, so that
-  // a bad begin or end is named before the caller allocates outputs. The index dtype comes
-  // with the outputs, so index_offset is held to int64's range here (int32's in topk).
-  if (p.check_rows && !on_cuda(p)) {
-    p.indices_int64 = true;
-    detail::check_topk_row_values(p, p.begin, p.end, p.index_offset);
+/// fn(), with the op named in a device fault from below (the CUDA layer names only the runtime
+/// call that failed), as every other error of topk is.
+template <class Fn>
+decltype(auto) naming_the_op(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeviceFault || std::string_view(e.what()).starts_with("topk: ")) {
+      throw;
+    }
+    throw Error(ErrorCode::kDeviceFault, std::string("topk: ") + e.what());
   }
 }
 
-std::size_t topk_workspace_size(const TopkTensors& tensors, const TopkOptions& options) {
-  return required_workspace(detail::check_topk(tensors, options));
-}
-
-void topk(void* workspace, std::size_t& workspace_bytes, const TopkTensors& tensors,
-          const TopkOptions& options, cudaStream_t stream) {
+void topk_with_workspace(void* workspace, std::size_t& workspace_bytes, const TopkTensors& tensors,
+                         const TopkOptions& options, cudaStream_t stream) {
   const TopkProblem p = detail::check_topk(tensors, options);
   const std::size_t need = required_workspace(p);
   if (workspace == nullptr) {
@@ -120,7 +118,7 @@ void topk(void* workspace, std::size_t& workspace_bytes, const TopkTensors& tens
   run(p, workspace, workspace_bytes, stream);
 }
 
-void topk(const TopkTensors& tensors, const TopkOptions& options, cudaStream_t stream) {
+void topk_with_pool(const TopkTensors& tensors, const TopkOptions& options, cudaStream_t stream) {
   const TopkProblem p = detail::check_topk(tensors, options);
   const std::size_t need = required_workspace(p);
   if (need == 0) {
@@ -137,6 +135,32 @@ void topk(const TopkTensors& tensors, const TopkOptions& options, cudaStream_t s
   }
   detail::cuda_pool_free(p.device, ws, stream);
 #endif
+}
+
+}  // namespace
+
+void topk_check_inputs(const TopkTensors& tensors, const TopkOptions& options) {
+  TopkProblem p = detail::check_topk_inputs(tensors, options);
+  // On the CPU the per-row values are host memory, read at no cost: checked here too, so that
+  // a bad begin or end is named before the caller allocates outputs. The index dtype comes
+  // with the outputs, so index_offset is held to int64's range here (int32's in topk).
+  if (p.check_rows && !on_cuda(p)) {
+    p.indices_int64 = true;
+    detail::check_topk_row_values(p, p.begin, p.end, p.index_offset);
+  }
+}
+
+std::size_t topk_workspace_size(const TopkTensors& tensors, const TopkOptions& options) {
+  return naming_the_op([&] { return required_workspace(detail::check_topk(tensors, options)); });
+}
+
+void topk(void* workspace, std::size_t& workspace_bytes, const TopkTensors& tensors,
+          const TopkOptions& options, cudaStream_t stream) {
+  naming_the_op([&] { topk_with_workspace(workspace, workspace_bytes, tensors, options, stream); });
+}
+
+void topk(const TopkTensors& tensors, const TopkOptions& options, cudaStream_t stream) {
+  naming_the_op([&] { topk_with_pool(tensors, options, stream); });
 }
 
 }  // namespace attnkit

@@ -243,6 +243,23 @@ TEST_F(TopkBadInput, CudaTensorInThisBuild) {
   }
 }
 
+TEST_F(TopkBadInput, CudaTensorsWithoutAUsableGpu) {
+  TopkTensors t = valid();
+  t.x = TensorView::make(x_.at(0), DType::kFloat32, kCuda0, {kB, kN});
+  t.out_indices = TensorView::make(idx64_.at(0), DType::kInt64, kCuda0, {kB, kK});
+  t.out_values = TensorView::make(val32_.at(0), DType::kFloat32, kCuda0, {kB, kK});
+  const std::string info = attnkit::build_info();
+  if (!attnkit::cuda_available_in_build()) {
+    expect_error(t, options(), ErrorCode::kDevice, {"x is on cuda:0", "no CUDA backend"});
+  } else if (info.find("cuda devices: none visible") != std::string::npos) {
+    // A CUDA build on a machine without a GPU or its driver says so, not only which call failed.
+    expect_error(t, options(), ErrorCode::kDeviceFault, {"no usable CUDA GPU", "failed: cuda"});
+  } else {
+    // A GPU is visible, so these host buffers must not be handed to it; the device is listed.
+    EXPECT_NE(info.find("cuda:0: "), std::string::npos) << info;
+  }
+}
+
 TEST_F(TopkBadInput, ReferenceBackendWithCudaTensor) {
   TopkTensors t = valid();
   t.x = TensorView::make(x_.at(0), DType::kFloat32, kCuda0, {kB, kN});

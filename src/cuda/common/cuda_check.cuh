@@ -11,11 +11,15 @@
 namespace attnkit::detail {
 
 inline void cuda_check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw Error(ErrorCode::kDeviceFault, std::string(what) + " failed: " +
-                                             cudaGetErrorName(status) + " (" +
-                                             cudaGetErrorString(status) + ")");
+  if (status == cudaSuccess) return;
+  std::string message = std::string(what) + " failed: " + cudaGetErrorName(status) + " (" +
+                        cudaGetErrorString(status) + ")";
+  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
+    // A machine with no NVIDIA driver at all reports an insufficient driver.
+    message = "no usable CUDA GPU (none is visible, or the NVIDIA driver is missing or older "
+              "than this build's CUDA runtime): " + message;
   }
+  throw Error(ErrorCode::kDeviceFault, message);
 }
 
 /// Checks the launch that just happened (configuration errors, missing kernel image).
