@@ -108,7 +108,7 @@ def check_array(a: Any, name: str) -> None:
                     "tensor or an array supporting DLPack")
 
 
-def resolved(a: Any) -> Any:
+def resolved(a: Any, name: str) -> Any:
     """An input array as attnkit reads it: `a` itself, or
     - for a torch view with its negative or conjugate bit set (whose memory holds the values
       before that sign or conjugation), a resolved copy;
@@ -120,13 +120,17 @@ def resolved(a: Any) -> Any:
     if (a is None or isinstance(a, np.ndarray) or not hasattr(type(a), "__dlpack__")
             or (hasattr(a, "shape") and hasattr(a, "dtype"))):
         return a
-    if device_of(a)[0] == "cpu":
-        return np.from_dlpack(a)
-    torch = _torch()
-    if torch is None:
-        raise TypeError(f"a {type(a).__name__} on {device_of(a)} offers only __dlpack__; "
-                        "import torch to read it, or pass a torch tensor")
-    return torch.from_dlpack(a)
+    on_cpu = device_of(a)[0] == "cpu"
+    torch = None if on_cpu else _torch()
+    if not on_cpu and torch is None:
+        raise TypeError(f"topk: {name} (a {type(a).__name__} on {device_of(a)}) offers only "
+                        "__dlpack__; import torch to read it, or pass a torch tensor")
+    try:
+        return np.from_dlpack(a) if on_cpu else torch.from_dlpack(a)
+    except Exception as e:  # the producer's export or the capsule it gave
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise TypeError(f"topk: {name} (a {type(a).__name__}) could not be read through DLPack "
+                        f"({why}); pass a NumPy array or a torch tensor") from None
 
 
 _MAX_DIMS = 6  # attnkit::kMaxDims

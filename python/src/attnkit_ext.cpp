@@ -48,7 +48,7 @@ TensorView view_from_tuple(const nb::tuple& t) {
   return v;
 }
 
-DType dtype_from_nb(nb::dlpack::dtype d) {
+DType dtype_from_nb(nb::dlpack::dtype d, const char* name) {
   using Code = nb::dlpack::dtype_code;
   if (d.lanes == 1) {
     const auto code = static_cast<Code>(d.code);
@@ -67,8 +67,11 @@ DType dtype_from_nb(nb::dlpack::dtype d) {
     if (code == Code::Bool) return DType::kBool;
   }
   throw attnkit::Error(attnkit::ErrorCode::kDType,
-                       "DLPack dtype (code " + std::to_string(d.code) + ", bits " +
-                           std::to_string(d.bits) + ") has no attnkit dtype");
+                       "topk: " + std::string(name) + " has DLPack dtype (code " +
+                           std::to_string(d.code) + ", bits " + std::to_string(d.bits) +
+                           ", lanes " + std::to_string(d.lanes) +
+                           "), which attnkit does not take; expected float32, bfloat16 or "
+                           "float16 data and int32 or int64 indices");
 }
 
 /// The DLPack tensors a call imported: each holds its producer's buffer (a capsule may own the
@@ -82,7 +85,7 @@ template <class Array>
 TensorView view_of(const Array& a, const char* name) {
   TensorView v;
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  v.dtype = dtype_from_nb(a.dtype());
+  v.dtype = dtype_from_nb(a.dtype(), name);
   if (a.device_type() == nb::device::cuda::value) {
     v.device = {attnkit::DeviceType::kCUDA, a.device_id()};
   } else if (a.device_type() == nb::device::cpu::value ||
@@ -90,7 +93,7 @@ TensorView view_of(const Array& a, const char* name) {
     v.device = {attnkit::DeviceType::kCPU, 0};
   } else {
     throw attnkit::Error(attnkit::ErrorCode::kDevice,
-                         std::string(name) + " is on DLPack device type " +
+                         "topk: " + std::string(name) + " is on DLPack device type " +
                              std::to_string(a.device_type()) + "; expected CPU or CUDA");
   }
   v.ndim = static_cast<std::int32_t>(a.ndim());
@@ -112,11 +115,20 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
                            "no DLPack capsule; pass a NumPy array or a torch tensor")
                               .c_str());
   };
+  // try_cast raises, rather than answering false, when __dlpack__ returns something that is
+  // not a DLPack capsule.
+  auto import_as = [&](auto& array) {
+    try {
+      return nb::try_cast(obj, array);
+    } catch (const nb::python_error&) {
+      throw not_dlpack();
+    }
+  };
   if (writable) {
     nb::ndarray<> a;
-    if (!nb::try_cast(obj, a)) {
+    if (!import_as(a)) {
       nb::ndarray<nb::ro> r;
-      if (nb::try_cast(obj, r)) {
+      if (import_as(r)) {
         throw attnkit::Error(
             attnkit::ErrorCode::kValue,
             "topk: " + std::string(name) + " is read-only; outputs must be writable");
@@ -128,7 +140,7 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
     return v;
   }
   nb::ndarray<nb::ro> a;
-  if (!nb::try_cast(obj, a)) throw not_dlpack();
+  if (!import_as(a)) throw not_dlpack();
   const TensorView v = view_of(a, name);
   imports.inputs.push_back(std::move(a));
   return v;

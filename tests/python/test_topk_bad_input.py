@@ -447,6 +447,37 @@ def test_dlpack_producer_whose_export_fails_is_named():
         attnkit.topk(Producer(torch.randn(3, 10, requires_grad=True)), 2)
 
 
+class _NoCapsule:
+    """A DLPack producer whose __dlpack__ returns something that is not a capsule."""
+
+    def __init__(self, shape=None):
+        if shape is not None:
+            self.shape, self.dtype = shape, np.dtype(np.float32)
+
+    def __dlpack__(self, **kwargs):
+        return 42
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+@pytest.mark.parametrize("arg", ["x", "end", "out_indices"])
+@pytest.mark.parametrize("with_shape", [False, True])
+def test_dlpack_producer_without_a_capsule_is_named(arg, with_shape):
+    # Without shape and dtype the producer is imported in Python, with them in the extension.
+    bad = _NoCapsule({"x": (B, N), "end": (B,), "out_indices": (B, K)}[arg] if with_shape
+                     else None)
+    args = {"x": _x(), arg: bad}
+    out = poisoned((B, K), np.int64)
+    if arg != "out_indices":
+        args["out_indices"] = out
+    x = args.pop("x")
+    with pytest.raises(TypeError, match=rf"topk: {arg} \(a .*NoCapsule.*\) could not be read "
+                                        r"through DLPack"):
+        attnkit.topk(x, K, **args)
+    assert (out == poisoned((B, K), np.int64)).all()
+
+
 def test_a_non_array_is_named_with_its_article():
     with pytest.raises(TypeError, match="topk: begin is an int; expected a NumPy array"):
         attnkit.topk(np.ones((2, 4), np.float32), 1, begin=3)
