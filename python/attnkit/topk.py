@@ -194,7 +194,12 @@ def topk(
     ties_code = _choice("ties", ties, _TIES)
     check_code = _choice("check", check, _CHECKS)
     backend_code = _choice("backend", backend, _BACKENDS)
-    k = _integer("k", k)
+    torch_module = _arrays._torch()
+    if not (isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
+            and torch_module.compiler.is_compiling()):
+        k = _integer("k", k)
+    # else k may be traced (t.item() under torch.compile): the op's fake kernel checks it
+    # without the guard that operator.index would ask for.
     index_fill = _integer("index_fill", index_fill)
     if not isinstance(largest, (bool, np.bool_)):
         raise TypeError(f"topk: largest = {largest!r}; expected a bool")
@@ -275,7 +280,8 @@ def topk(
     # torch views with the negative or conjugate bit set (x.conj().imag, torch._neg_view) hold
     # their values in memory with the sign not yet applied, and bare DLPack producers have no
     # shape or dtype to read: both are read through arrays made for the call (held until it ends).
-    x, begin, end, index_offset = (_arrays.resolved(a) for a in (x, begin, end, index_offset))
+    x, begin, end, index_offset = (_arrays.resolved(a, name) for a, name in (
+        (x, "x"), (begin, "begin"), (end, "end"), (index_offset, "index_offset")))
     shape = tuple(getattr(x, "shape", ()))
     # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
     # name before any large allocation.

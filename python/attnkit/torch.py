@@ -77,11 +77,28 @@ def _refuse_meta_arguments(x, **tensors):
                              "runs on cpu and cuda tensors")
 
 
+_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_fake_call(x, k) -> None:
+    """The rules on x and k that shapes alone decide, as the op words them, so that shape
+    propagation refuses what the op would. k may be a data-dependent SymInt (``t.item()``): a
+    check on it becomes a runtime assert instead of a guard."""
+    if x.dim() not in (1, 2):
+        raise ValueError(f"topk: x has shape {list(x.shape)}; expected [B, N] or [N]")
+    if x.dtype not in _X_DTYPES:
+        raise TypeError(f"topk: x.dtype = {str(x.dtype).removeprefix('torch.')}; expected "
+                        "float32, bfloat16 or float16")
+    torch._check_value(k >= 0, lambda: f"topk: k = {k} must be >= 0")
+    torch._check_value(k <= 2**31 - 1, lambda: f"topk: k = {k} must be <= 2^31 - 1")
+
+
 def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
                return_values=True, index_offset=None, index_fill=-1, value_fill=None,
                nan="largest", ties="lowest_index", check=None):
     _refuse_meta_arguments(x, begin=begin, end=end, index_offset=index_offset)
-    shape = _out_shape(x, k)
+    _check_fake_call(x, k)
+    shape = (*x.shape[:-1], k)
     values = x.new_empty(shape) if return_values else x.new_empty((0,))
     return values, x.new_empty(shape, dtype=indices_dtype or torch.int64)
 
@@ -99,6 +116,7 @@ def _topk_out_fake(x, k, largest, sorted, begin, end, index_offset, index_fill, 
                    ties, check, out_values, out_indices):
     _refuse_meta_arguments(x, begin=begin, end=end, index_offset=index_offset,
                            out_values=out_values, out_indices=out_indices)
+    _check_fake_call(x, k)
     return None
 
 
@@ -165,7 +183,8 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
     # Dynamo traces NumPy arrays as tensors already and reads none of their attributes.
     compiling = torch.compiler.is_compiling()
     for name, v in (("begin", begin), ("end", end), ("index_offset", index_offset)):
-        if v is not None and not compiling:
+        # Lists and tuples are refused while compiling too, as the eager call refuses them.
+        if v is not None and (not compiling or isinstance(v, (list, tuple))):
             _arrays.check_array(v, name)
             if isinstance(v, np.ndarray):
                 _arrays.check_byte_order(v, name)

@@ -8,6 +8,8 @@ torch.compile(fullgraph=True)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -473,6 +475,41 @@ def test_meta_row_tensors_with_a_real_x_are_refused(route):
             torch.compile(lambda a, e: attnkit.topk(a, 2, end=e), fullgraph=True)(x, end)
     # Shape propagation with a meta x still works.
     assert torch.ops.attnkit.topk(torch.empty(3, 10, device="meta"), 2)[1].shape == (3, 2)
+
+
+@pytest.mark.parametrize("x, k, error, fragment", [
+    (torch.empty(4, 10, device="meta"), -3, ValueError, "topk: k = -3 must be >= 0"),
+    (torch.empty(4, 10, device="meta"), 2**31, ValueError, "must be <= 2^31 - 1"),
+    (torch.empty(2, 3, 4, device="meta"), 3, ValueError, "x has shape [2, 3, 4]"),
+    (torch.empty(4, 10, dtype=torch.float64, device="meta"), 3, TypeError, "x.dtype = float64"),
+])
+def test_shape_propagation_refuses_what_the_op_refuses(x, k, error, fragment):
+    with pytest.raises(error, match=re.escape(fragment)):
+        torch.ops.attnkit.topk(x, k)
+    oi = torch.empty(x.shape[:-1] + (max(k, 0) if k < 2**31 else 0,), dtype=torch.int64,
+                     device="meta")
+    with pytest.raises(error, match=re.escape(fragment)):
+        torch.ops.attnkit.topk_out(x, k, True, "none", None, None, None, -1, None, "largest",
+                                   "lowest_index", None, None, oi)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_compile_refuses_a_list_end_as_eager_does(fullgraph):
+    f = torch.compile(lambda a: attnkit.topk(a, 3, end=[1, 2, 3, 4]), fullgraph=fullgraph)
+    # With fullgraph torch reports the exception it observed while tracing, without the message.
+    with pytest.raises(Exception if fullgraph else TypeError,
+                       match=None if fullgraph else "topk: end is a list"):
+        f(torch.randn(4, 10))
+
+
+def test_compile_fullgraph_with_a_data_dependent_k():
+    # k read from a tensor (.item()) is traced as an unbacked SymInt: no guard on its value.
+    x = torch.randn(4, 10)
+    f = torch.compile(lambda a, kk: attnkit.topk(a, kk.item(), sorted=True), fullgraph=True)
+    for k in (3, 5):
+        values, indices = f(x, torch.tensor(k))
+        want = torch.topk(x, k)
+        assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
 
 
 def test_forward_mode_ad_is_refused_by_name():
