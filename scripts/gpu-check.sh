@@ -86,6 +86,8 @@ if [ "$MODE" != bench ]; then
     # Random shapes, options and data, each call against the CPU backend on the same bytes.
     step "fuzz, CUDA against CPU (${FUZZ_SECONDS:-60} s)" "$TEST_LOG" \
       python3 scripts/fuzz_topk.py --seconds "${FUZZ_SECONDS:-60}" --seed "${FUZZ_SEED:-1}"
+    # The case count and outcomes, in the summary too, which always comes back.
+    sed -n '/^summary: /,$p' "$TEST_LOG" | sed -n '1,3p' >> "$SUMMARY"
   fi
 fi
 if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
