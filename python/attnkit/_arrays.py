@@ -25,6 +25,7 @@ DTYPE_NAMES = (
     "int8", "uint8", "int16", "uint16", "uint32", "uint64", "bool",
 )
 DTYPE_CODES = {name: i for i, name in enumerate(DTYPE_NAMES)}
+X_DTYPES = DTYPE_NAMES[:3]  # the dtypes topk selects in
 
 _NUMPY_DTYPES = {
     "float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),

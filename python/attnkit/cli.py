@@ -32,7 +32,6 @@ class InputError(Exception):
 # attnkit topk
 # ---------------------------------------------------------------------------------------------
 
-_X_DTYPES = ("float32", "float16", "bfloat16")
 _ROW_DTYPES = ("int32", "int64")
 
 
@@ -108,7 +107,7 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
 def cmd_topk(args) -> int:
     import numpy as np
 
-    from . import _MAX_THREADS, set_num_threads
+    from . import _MAX_THREADS, _arrays, set_num_threads
     from .topk import topk
 
     if args.threads is not None:
@@ -119,7 +118,7 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
-    x = load_npy(args.input, "--input", _X_DTYPES, (1, 2))
+    x = load_npy(args.input, "--input", _arrays.X_DTYPES, (1, 2))
     rows = {}
     for opt in ("begin", "end", "index_offset"):
         path = getattr(args, opt)

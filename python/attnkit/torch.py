@@ -77,18 +77,15 @@ def _refuse_meta_arguments(x, **tensors):
                              "runs on cpu and cuda tensors")
 
 
-_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _check_fake_call(x, k) -> None:
     """The rules on x and k that shapes alone decide, as the op words them, so that shape
     propagation refuses what the op would. k may be a data-dependent SymInt (``t.item()``): a
     check on it becomes a runtime assert instead of a guard."""
     if x.dim() not in (1, 2):
         raise ValueError(f"topk: x has shape {list(x.shape)}; expected [B, N] or [N]")
-    if x.dtype not in _X_DTYPES:
-        raise TypeError(f"topk: x.dtype = {str(x.dtype).removeprefix('torch.')}; expected "
-                        "float32, bfloat16 or float16")
+    dtype = str(x.dtype).removeprefix("torch.")
+    if dtype not in _arrays.X_DTYPES:
+        raise TypeError(f"topk: x.dtype = {dtype}; expected float32, bfloat16 or float16")
     torch._check_value(k >= 0, lambda: f"topk: k = {k} must be >= 0")
     torch._check_value(k <= 2**31 - 1, lambda: f"topk: k = {k} must be <= 2^31 - 1")
 
