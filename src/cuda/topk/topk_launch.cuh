@@ -108,6 +108,14 @@ inline std::size_t kept_list_bytes(std::uint32_t survivor_slots) {
   return 2 * sizeof(std::uint32_t) * survivor_slots;
 }
 
+/// Dynamic shared memory of the cluster kernel with CTAs of `threads`: the kept lists, then
+/// each thread's columns (topk_cluster_rows_kernel).
+template <class Traits>
+std::size_t cluster_smem_bytes(std::uint32_t survivor_slots, int threads) {
+  return kept_list_bytes(survivor_slots) +
+         sizeof(typename Traits::Bits) * kShortPerThread * static_cast<std::size_t>(threads);
+}
+
 inline std::uint32_t next_pow2_host(std::uint32_t v) {
   std::uint32_t p = 1;
   while (p < v) p <<= 1;
@@ -289,7 +297,8 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   if (plan.path == TopkPath::kCluster) {
     p.survivor_slots = plan.rows.survivor_slots;
     p.cluster_ctas = plan.cluster_ctas;
-    const std::size_t smem = kept_list_bytes(plan.rows.survivor_slots);
+    const std::size_t smem =
+        cluster_smem_bytes<Traits>(plan.rows.survivor_slots, plan.cluster_threads);
     if (plan.cluster_ctas == 1) {
       launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
              kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
@@ -327,7 +336,7 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
 template <class Traits>
 int resident_clusters(int ctas, int threads) {
   const auto kernel = clustered_rows_kernel<Traits>(threads);
-  const std::size_t smem = kept_list_bytes(kMaxFilterK);
+  const std::size_t smem = cluster_smem_bytes<Traits>(kMaxFilterK, threads);
   allow_clusters(kernel, smem, "cudaFuncSetAttribute");
   const ClusterConfig cluster(ctas, ctas, threads, smem, nullptr);
   int clusters = 0;

@@ -8,7 +8,8 @@
 //   topk_cluster_rows_kernel  one cluster per row. Thread t of CTA r holds the kPerThread
 //                             consecutive columns from lo + (r * kThreads + t) * kPerThread as
 //                             raw 16-byte vectors, so column order is (CTA, thread, element)
-//                             order. Then:
+//                             order, and again as words in shared memory, from which the loops
+//                             over a thread's candidates read theirs. Then:
 //     1. Sample. A spread sample of the row's scores (common/topk_sample.hpp) goes into an
 //        11-bit-digit histogram; the digit holding the sample's `need`-th best, `need` the
 //        expected count above the k-th plus three standard deviations, gives a floor that
@@ -142,7 +143,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
   constexpr int kVecs = kPerThread / kVec;
   constexpr std::uint32_t kVecMask = (1u << kVec) - 1u;
   static_assert(kPerThread == 32, "one 32-bit candidate mask per thread");
-  // Kept keys and columns, [2][survivor_slots] (CTA 0's are the cluster's).
+  // Kept keys and columns, [2][survivor_slots] (CTA 0's are the cluster's), then the thread's
+  // columns as 32-bit words, [kPerThread * sizeof(Bits) / 4][kThreads] (cluster_smem_bytes).
   extern __shared__ __align__(16) std::uint32_t smem[];
   __shared__ ClusterScratch<kClustered> s;
 
@@ -167,28 +169,42 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
     v[q] = vm == kVecMask && aligned ? __ldg(reinterpret_cast<const uint4*>(row + col))
                                      : load_vector_prefix<kVec>(row + col, __popc(vm));
   }
+  // The same words, word-major, for the loops over a thread's candidates: a candidate's word is
+  // one conflict-free shared load at a position known only at run time, so one loop over the
+  // whole candidate mask replaces one a vector (the warp then runs as long as its busiest lane's
+  // total, not the sum of each vector's busiest lane).
+  constexpr int kWords = 4 * kVecs;
+  std::uint32_t* const staged = smem + 2 * p.survivor_slots;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) staged[w * kThreads + tid] = vector_word(v[w / 4], w % 4);
   for (int i = tid; i < 2 * kShortBins; i += kThreads) (&s.hist[0][0])[i] = 0;
   if (tid == 0) s.pivot.top = 0;  // read even when the sample is empty
   if constexpr (kClustered) {
     for (int i = tid; i < kShortBins; i += kThreads) s.local[i] = 0;
   }
 
+  // Element i of this thread's columns, as bits.
+  constexpr int kPerWord = kVec / 4;  // elements in a 32-bit word
+  auto element = [&](int i) -> std::uint32_t {
+    const std::uint32_t word = staged[(i / kPerWord) * kThreads + tid];
+    return kPerWord == 1 ? word : (word >> (16 * (i % 2))) & 0xFFFFu;
+  };
   // Calls fn(bits, i) for every set bit i of `mask`, in column order.
   auto for_each = [&](std::uint32_t mask, auto&& fn) {
-#pragma unroll
-    for (int q = 0; q < kVecs; ++q) {
-      std::uint32_t m = (mask >> (q * kVec)) & kVecMask;
-      while (m != 0) {
-        const int j = __ffs(m) - 1;
-        m &= m - 1;
-        fn(vector_element<kVec>(v[q], j), q * kVec + j);
-      }
+    while (mask != 0) {
+      const int i = __ffs(mask) - 1;
+      mask &= mask - 1;
+      fn(element(i), i);
     }
   };
 
   if (p.nan_flag != nullptr) {
     bool any_nan = false;
-    for_each(valid, [&](std::uint32_t bits, int) { any_nan |= is_nan_bits<Traits>(bits); });
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {  // every element: unrolled, from the registers
+      const std::uint32_t bits = vector_element<kVec>(v[i / kVec], i % kVec);
+      any_nan |= ((valid >> i) & 1u) != 0 && is_nan_bits<Traits>(bits);
+    }
     if (__syncthreads_or(any_nan) && tid == 0) *p.nan_flag = 1;
   }
 
@@ -243,15 +259,7 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
   {
     const int js = short_sample_element(tid, static_cast<int>(rank));
     if (tid % every == 0 && ((valid >> js) & 1u)) {
-      constexpr int kPerWord = kVec / 4;  // elements in a 32-bit word
-      // Masks with static indices select the word, so that v stays in registers.
-      std::uint32_t word = 0;
-#pragma unroll
-      for (int w = 0; w < 4 * kVecs; ++w) {
-        word |= vector_word(v[w / 4], w % 4) & (0u - static_cast<std::uint32_t>(w == js / kPerWord));
-      }
-      const std::uint32_t bits = kPerWord == 1 ? word : (word >> (16 * (js % 2))) & 0xFFFFu;
-      const std::uint32_t score = score_of<Traits>(bits, p.sp);
+      const std::uint32_t score = score_of<Traits>(element(js), p.sp);
       if (score != kExcludedScore) count_digit(score >> kTopShift);
     }
   }
@@ -274,17 +282,14 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
 #pragma unroll
     for (int q = 0; q < kVecs; ++q) {
       std::uint32_t m = pre.vector_may_pass_bits(v[q]) & (valid >> (q * kVec)) & kVecMask;
-      if (pre.exact) {  // the comparison decides (Prefilter): no scores to test
-        marked |= m << (q * kVec);
-        continue;
-      }
-      while (m != 0) {
-        const int j = __ffs(m) - 1;
-        m &= m - 1;
-        if (score_of<Traits>(vector_element<kVec>(v[q], j), p.sp) > floor_score) {
-          marked |= 1u << (q * kVec + j);
-        }
-      }
+      marked |= m << (q * kVec);
+    }
+    if (!pre.exact) {  // the comparison flags a superset (Prefilter): test the flagged scores
+      const std::uint32_t flagged = marked;
+      marked = 0;
+      for_each(flagged, [&](std::uint32_t bits, int i) {
+        marked |= static_cast<std::uint32_t>(score_of<Traits>(bits, p.sp) > floor_score) << i;
+      });
     }
     return marked;
   };
