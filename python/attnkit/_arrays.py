@@ -10,8 +10,9 @@ device, so results come back zero-copy in the caller's type.
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import ml_dtypes
 import numpy as np
@@ -200,6 +201,18 @@ def device_of(a: Any) -> tuple[str, int]:
         kind, index = dl()
         return ("cuda", int(index)) if int(kind) == 2 else ("cpu", 0)
     return ("cpu", 0)
+
+
+def itemsize(dtype: str) -> int:
+    return _NUMPY_DTYPES[dtype].itemsize
+
+
+def physical_memory() -> Optional[int]:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def empty(ref: Any, shape: tuple[int, ...], dtype: str) -> Any:

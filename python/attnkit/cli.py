@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,14 +45,18 @@ def _one_line(e: BaseException) -> str:
     return text or type(e).__name__
 
 
-def _with_file(message: str, args) -> str:
-    """An error of topk about one of the arrays read from a file, led by its flag and path."""
+def _in_cli_terms(message: str, args) -> str:
+    """An error of topk in the command's terms: one about an array read from a file led by its
+    flag and path, one about a value option by its flag and value."""
     for name, flag in (("x", "--input"), ("begin", "--begin"), ("end", "--end"),
                        ("index_offset", "--index-offset")):
         path = args.input if name == "x" else getattr(args, name)
         for lead in (f"topk: {name} ", f"topk: {name}[", f"topk: {name}."):
             if path is not None and message.startswith(lead):
                 return f"{flag} {path}: {message.removeprefix('topk: ')}"
+    m = re.match(r"topk: (index_fill|value_fill) = (\S+?);? (.*)$", message)
+    if m:
+        return f"--{m.group(1).replace('_', '-')} {m.group(2)}: {m.group(3)}"
     return message
 
 
@@ -132,7 +137,7 @@ def cmd_topk(args) -> int:
             return_values=not args.no_values, index_fill=args.index_fill,
             value_fill=args.value_fill, nan=args.nan, ties=args.ties, **rows)
     except (ValueError, TypeError) as e:
-        raise InputError(_with_file(_one_line(e), args)) from None
+        raise InputError(_in_cli_terms(_one_line(e), args)) from None
     except MemoryError:
         raise InputError(f"-k {args.k}: the [B, k] outputs do not fit in memory") from None
     elapsed = time.perf_counter() - start

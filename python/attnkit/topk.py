@@ -66,6 +66,24 @@ def _choice(name: str, value: Any, table: dict) -> int:
     raise ValueError(f"topk: {name} = {value!r}; expected one of {allowed}")
 
 
+def _check_host_memory(x: Any, out_shape: tuple[int, ...], k: int, *dtypes: Optional[str]):
+    """MemoryError when the outputs to allocate in host memory exceed the machine's memory: the
+    allocation itself would succeed on an overcommitting OS, and the padding writes would then
+    get the process killed (a k far beyond N pads every slot)."""
+    if _arrays.device_of(x)[0] != "cpu":
+        return  # device allocators fail cleanly
+    need = math.prod(out_shape) * sum(_arrays.itemsize(d) for d in dtypes if d is not None)
+    have = _arrays.physical_memory()
+    if have is not None and need > have:
+        def size(n: int) -> str:
+            return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+        raise MemoryError(
+            f"topk: k = {k} asks for outputs of shape {list(out_shape)}, {size(need)}, beyond "
+            f"this machine's {size(have)} of memory; pass a smaller k (slots beyond a row's "
+            f"length are padding) or out_indices/out_values")
+
+
 def topk(
     x: Any,
     k: int,
@@ -157,6 +175,9 @@ def topk(
         Unsupported dtypes (NumPy ones not in the machine's byte order among them); non-integer
         ``k``/``index_fill``, non-bool ``largest``/``return_values``, a non-real
         ``value_fill``; arguments that are not arrays; masked arrays, non-strided tensors.
+    MemoryError
+        Outputs to allocate in host memory that exceed the machine's physical memory (a k far
+        beyond N: the outputs are [B, k] whatever N).
     NotImplementedError
         Under ``torch.func.grad``/``jvp`` (and ``jacrev``, ``jacfwd``, ``hessian``), with
         forward-mode AD (dual tensors, ``torch.func.linearize``) when values are asked for,
@@ -295,6 +316,9 @@ def topk(
     allocating = out_indices is None or (out_values is None and return_values)
     if allocating and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
         _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
+        _check_host_memory(x, out_shape, k, index_name if out_indices is None else None,
+                           _arrays.array_dtype_name(x, "x")
+                           if out_values is None and return_values else None)
     if out_indices is None:
         out_indices = _arrays.empty(x, out_shape, index_name)
         made_indices = True

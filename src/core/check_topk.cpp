@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/check_topk.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -205,9 +206,17 @@ void check_topk_row_values(const TopkProblem& p, const RowVector& begin, const R
     const bool fits32 = fits64 && lowest >= std::numeric_limits<std::int32_t>::min() &&
                         highest <= std::numeric_limits<std::int32_t>::max();
     if (!(p.indices_int64 ? fits64 : fits32)) {
+      // The columns whose index leaves [tmin, tmax]: above tmax - off for a positive offset,
+      // below tmin - off otherwise (columns are >= 0; neither bound overflows).
+      const std::int64_t tmin = p.indices_int64 ? std::numeric_limits<std::int64_t>::min()
+                                                : std::numeric_limits<std::int32_t>::min();
+      const std::int64_t tmax = p.indices_int64 ? std::numeric_limits<std::int64_t>::max()
+                                                : std::numeric_limits<std::int32_t>::max();
+      const std::int64_t first = off > 0 ? std::max(lo, tmax - off + 1) : lo;
+      const std::int64_t last = off > 0 ? hi : std::min(hi, tmin - off);
       fail(ErrorCode::kValue, kOp,
-           "index_offset[" + str(b) + "] = " + str(off) + " moves indices of columns [" + str(lo) +
-               ", " + str(hi) + ") outside the range of " +
+           "index_offset[" + str(b) + "] = " + str(off) + " moves indices of columns [" +
+               str(first) + ", " + str(last) + ") outside the range of " +
                (p.indices_int64 ? "int64" : "int32"));
     }
   }

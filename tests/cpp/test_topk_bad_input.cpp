@@ -737,18 +737,24 @@ TEST_F(TopkBadInput, IndexOffsetOverflowsIndexDType) {
     std::int64_t offset;
     DType indices;
     const char* range;
+    const char* columns;  // those whose index overflows
   };
   // Columns [0, 10): the last index is 9 + offset, the first 0 + offset.
   for (const Bad bad :
-       {Bad{kInt32Max - 8, DType::kInt32, "int32"}, Bad{kInt32Min - 1, DType::kInt32, "int32"},
-        Bad{kInt64Max - 8, DType::kInt64, "int64"}}) {
+       {Bad{kInt32Max - 8, DType::kInt32, "int32", "[9, 10)"},
+        Bad{kInt32Max - 2, DType::kInt32, "int32", "[3, 10)"},
+        Bad{kInt32Min - 1, DType::kInt32, "int32", "[0, 1)"},
+        Bad{kInt32Min - 4, DType::kInt32, "int32", "[0, 4)"},
+        Bad{kInt64Max - 8, DType::kInt64, "int64", "[9, 10)"},
+        Bad{std::numeric_limits<std::int64_t>::min(), DType::kInt32, "int32", "[0, 10)"}}) {
     SCOPED_TRACE(bad.offset);
     TopkTensors t = valid();
     t.out_indices = bad.indices == DType::kInt32 ? out_indices32() : out_indices();
     t.index_offset = row_vector({0, bad.offset, 0}, 2);
     expect_error(
         t, options(), ErrorCode::kValue,
-        {"index_offset[1] = " + std::to_string(bad.offset), "moves indices of columns [0, 10)",
+        {"index_offset[1] = " + std::to_string(bad.offset),
+         std::string("moves indices of columns ") + bad.columns,
          std::string("outside the range of ") + bad.range},
         false);
   }

@@ -102,6 +102,17 @@ def test_topk_command_names_the_file_of_a_bad_row_array(tmp_path, capsys):
     assert not (tmp_path / "o.npz").exists()
 
 
+def test_topk_command_names_the_flag_of_a_bad_index_fill(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    argv = ["topk", "--input", str(tmp_path / "x.npy"), "-k", "7", "--indices-dtype", "int32",
+            "--index-fill", "99999999999", "--output", str(tmp_path / "o.npz")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--index-fill 99999999999: does not fit the int32 indices" in err, err
+    assert "topk: index_fill" not in err
+    assert not (tmp_path / "o.npz").exists()
+
+
 def test_a_failing_stdout_is_one_line_not_a_traceback():
     # `attnkit info > /dev/full`: the report cannot be written.
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"

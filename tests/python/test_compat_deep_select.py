@@ -101,6 +101,26 @@ def test_output_idx_offset_and_fills(indices_type):
     assert_same_result((to_numpy(values), out.numpy()), want, f"indices_type={indices_type}")
 
 
+@pytest.mark.parametrize("dtype", (torch.int32, torch.int64), ids=("i32", "i64"))
+def test_output_idx_sets_the_index_dtype_when_indices_type_is_left_out(dtype):
+    x = to_torch(make_rows("normal@1", (2, 300), "float32", rng_for("ds_out_dtype", str(dtype))))
+    out = torch.full((2, 16), -7, dtype=dtype)
+    values, indices = deep_select.topk(x, 16, sorted=True, output_idx=out)
+    assert indices is out and out.dtype == dtype
+    want = topk_reference(to_numpy(x), 16, sorted="value",
+                          indices_dtype=np.int32 if dtype == torch.int32 else np.int64)
+    assert_same_result((to_numpy(values), out.numpy()), want, f"output_idx {dtype}")
+
+
+def test_indices_type_contradicting_output_idx_raises_in_deep_select_terms():
+    x = torch.zeros(2, 10)
+    out = torch.full((2, 3), -7, dtype=torch.int32)
+    with pytest.raises(ValueError) as info:
+        deep_select.topk(x, 3, indices_type=torch.int64, output_idx=out)
+    assert "indices_type = int64 but output_idx has dtype int32" in str(info.value)
+    assert (out == -7).all()
+
+
 def test_default_index_fill_is_int32_max():
     x = torch.tensor([[3.0, 1.0]], dtype=torch.float32)
     for indices_type in (torch.int32, torch.int64):

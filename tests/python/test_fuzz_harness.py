@@ -27,8 +27,8 @@ def test_fuzzer_finds_nothing_on_the_cpu_backend(seed):
          "--max-elems", "200000", "--seconds", "600"],
         capture_output=True, text=True, timeout=900, check=False)
     out = run.stdout + run.stderr
-    summary = re.search(r"summary: (\d+) cases .*mismatches (\d+); unexpected exceptions/errors (\d+)",
-                        out)
+    summary = re.search(
+        r"summary: (\d+) cases .*mismatches (\d+); unexpected exceptions/errors (\d+)", out)
     assert summary is not None, out[-3000:]
     cases, mismatches, errors = map(int, summary.groups())
     assert cases == 60, out[-3000:]

@@ -381,6 +381,26 @@ def test_huge_k_is_refused_before_allocating(k):
         attnkit.topk(np.zeros(10, np.float32), k)
 
 
+# A k far beyond N pads every slot: outputs larger than the machine's memory are refused before
+# they are allocated (an overcommitting OS would grant them and kill the process on the writes).
+@pytest.mark.parametrize("make", [np.zeros, torch.zeros], ids=["numpy", "torch"])
+def test_outputs_beyond_host_memory_are_refused(make, monkeypatch):
+    monkeypatch.setattr(attnkit._arrays, "physical_memory", lambda: 10 << 20)
+    x = make((2, 3), dtype=np.float32 if make is np.zeros else torch.float32)
+    k = 1 << 20  # int64 indices and fp32 values: 2 x 2^20 x 12 bytes = 24 MiB
+    want = r"k = 1048576 asks for outputs of shape \[2, 1048576\], 24.0 MiB, beyond .* 10.0 MiB"
+    with pytest.raises(MemoryError, match=want):
+        attnkit.topk(x, k)
+    # int32 indices alone (8 MiB) fit; the padding is as for any k beyond N.
+    values, indices = attnkit.topk(x, k, indices_dtype="int32", return_values=False)
+    assert values is None and indices.shape == (2, k)
+    assert (indices[:, 3:] == -1).all() and sorted(indices[0, :3].tolist()) == [0, 1, 2]
+    # Caller buffers are not allocated, so they are not limited.
+    out = make((2, k), dtype=np.int64 if make is np.zeros else torch.int64)
+    attnkit.topk(x, k, out_indices=out, return_values=False)
+    assert (out[:, 3:] == -1).all()
+
+
 # Option values are matched by type as well as value: 1 is not True.
 @pytest.mark.parametrize("arg,value", [("check", 1), ("sorted", 1), ("sorted", 0), ("check", 0)])
 def test_ints_are_not_bool_choices(arg, value):

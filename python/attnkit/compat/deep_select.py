@@ -59,7 +59,8 @@ def topk(
     """DeepSelect-compatible top-k (largest), returning ``(values or None, indices)``.
 
     ``sorted`` orders by value (descending); ``sorted_index`` by ascending index; the two are
-    exclusive as in DeepSelect. ``indices_type`` defaults to int64. See ``attnkit.topk``.
+    exclusive as in DeepSelect. ``indices_type`` defaults to int64, or to the dtype of
+    ``output_idx`` when that is given. See ``attnkit.topk``.
     """
     if sorted and sorted_index:
         raise ValueError("topk: sorted and sorted_index cannot both be True")
@@ -68,7 +69,7 @@ def topk(
     try:
         return _topk(
             input, topk, largest=True, sorted=order, begin=begin, end=end,
-            indices_dtype=indices_type if indices_type is not None else "int64",
+            indices_dtype=indices_type,
             return_values=return_value, out_indices=output_idx, index_offset=output_idx_offset,
             index_fill=idx_oob_fill_value, value_fill=value_oob_fill_value,
             nan="raise" if abort_when_nan_found else "largest")
