@@ -6,9 +6,15 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>  // abi::__forced_unwind
+#endif
+
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attnkit/attnkit.hpp"
@@ -19,6 +25,34 @@ using attnkit::DType;
 using attnkit::TensorView;
 
 namespace {
+
+/// Releases the GIL for a computation and takes it back after, as nb::gil_scoped_release does,
+/// except when the interpreter finalizes meanwhile. Before Python 3.14, a daemon thread that
+/// waits for the GIL then is ended with pthread_exit, a forced unwind that std::terminate would
+/// stop in this destructor (and nanobind's handlers would swallow, which aborts as well): the
+/// process would abort at exit. Such a thread waits for the process to end instead, as Python
+/// 3.14 makes it do; take_gil has released the GIL's locks before it exits a thread.
+class GilReleased {
+ public:
+  GilReleased() : state_(PyEval_SaveThread()) {}
+  ~GilReleased() {
+#if defined(__GLIBCXX__)
+    try {
+      PyEval_RestoreThread(state_);
+    } catch (abi::__forced_unwind&) {
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+#else
+    PyEval_RestoreThread(state_);
+#endif
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 
 // ---------------------------------------------------------------------------------------------
 // Python objects -> TensorView
@@ -228,7 +262,7 @@ NB_MODULE(_ext, m) {
             topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend);
         const std::optional<TensorView> ws =
             to_optional_view(workspace, "workspace", imports, true);
-        nb::gil_scoped_release release;
+        const GilReleased released;
         if (ws) {
           std::size_t bytes = static_cast<std::size_t>(ws->numel());
           attnkit::topk(ws->data, bytes, t, o, as_stream(stream));
@@ -287,7 +321,7 @@ NB_MODULE(_ext, m) {
         const TensorView xv = to_view(x, "x", imports);
         const TensorView iv = to_view(out_indices, "out_indices", imports, true);
         const TensorView vv = to_view(out_values, "out_values", imports, true);
-        nb::gil_scoped_release release;
+        const GilReleased released;
         attnkit::tools::baseline_topk(xv, iv, vv, k, attnkit::tools::parse_baseline(method),
                                       sort_values);
       },

@@ -169,6 +169,29 @@ def test_fork_while_another_thread_is_inside_topk(restore_threads):
     assert not hung, f"{len(hung)} of 6 forked children hung in their first attnkit.topk"
 
 
+_DAEMON_AT_EXIT = """
+import threading, time
+import numpy as np, attnkit
+x = np.random.default_rng(0).random((8, 1_000_000), dtype=np.float32)
+def loop():
+    while True:
+        attnkit.topk(x, 100)
+threading.Thread(target=loop, daemon=True).start()
+time.sleep(0.2)
+print("exiting")
+"""
+
+
+def test_interpreter_exits_cleanly_while_a_daemon_thread_is_inside_topk():
+    # At exit Python (before 3.14) ends a daemon thread that waits for the GIL with a forced
+    # unwind; coming back from the call with the GIL released, that must not abort the process.
+    for attempt in range(5):
+        out = subprocess.run([sys.executable, "-c", _DAEMON_AT_EXIT], capture_output=True,
+                             text=True, timeout=120)
+        assert (out.returncode, out.stdout.strip()) == (0, "exiting"), \
+            f"attempt {attempt}: exit code {out.returncode}, stderr: {out.stderr[-2000:]}"
+
+
 def _child_prints_mib(code: str) -> int:
     """Runs `code` in a fresh interpreter (its own memory counters) and returns the number of
     MiB it prints last."""
