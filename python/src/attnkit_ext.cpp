@@ -144,7 +144,7 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
   auto not_dlpack = [&] {
     // Python checked that obj's type has __dlpack__: the export itself failed.
     return nb::type_error(("topk: " + std::string(name) + " (a " +
-                           nb::cast<std::string>(nb::str(obj.type())) +
+                           nb::cast<std::string>(nb::str(obj.type().attr("__name__"))) +
                            ") could not be read through DLPack: its __dlpack__ raised or gave "
                            "no DLPack capsule; pass a NumPy array or a torch tensor")
                               .c_str());

@@ -462,7 +462,7 @@ def test_dlpack_producer_whose_export_fails_is_named():
         def __dlpack_device__(self):
             return self.a.__dlpack_device__()
 
-    with pytest.raises(TypeError, match=r"topk: x \(a .*Producer.*\) could not be read through "
+    with pytest.raises(TypeError, match=r"topk: x \(a Producer\) could not be read through "
                                         r"DLPack"):
         attnkit.topk(Producer(torch.randn(3, 10, requires_grad=True)), 2)
 
@@ -492,7 +492,7 @@ def test_dlpack_producer_without_a_capsule_is_named(arg, with_shape):
     if arg != "out_indices":
         args["out_indices"] = out
     x = args.pop("x")
-    with pytest.raises(TypeError, match=rf"topk: {arg} \(a .*NoCapsule.*\) could not be read "
+    with pytest.raises(TypeError, match=rf"topk: {arg} \(a _NoCapsule\) could not be read "
                                         r"through DLPack"):
         attnkit.topk(x, K, **args)
     assert (out == poisoned((B, K), np.int64)).all()
