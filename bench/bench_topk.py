@@ -20,7 +20,11 @@ sampling fp32 N = 129280 k in {1, 50, 1024, 4096}), return_values, and an input-
 4-valued ties).
 
 Usage: python bench/bench_topk.py [--quick] [--flush clean|write] [--json out.json]
-                                 [--markdown out.md]
+                                 [--markdown out.md] [--case dtype:B:N:k[:causal][:pattern] ...]
+
+--case replaces the case list by the given shapes (repeatable): dtype bf16, f16 or f32;
+"causal" gives row b of the last B queries of an N-key context end[b] = N - B + 1 + b; the
+pattern is one of normal, dsa, ascending, ties (default: dsa for 16-bit types, normal for f32).
 """
 
 from __future__ import annotations
@@ -78,6 +82,39 @@ def cases(quick: bool):
         for pattern in ("ascending", "ties"):
             out.append((f"dsa-{pattern}", torch.bfloat16, 256, 131072, 2048, False, pattern))
     return out
+
+
+_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+_PATTERNS = ("normal", "dsa", "ascending", "ties")
+
+
+def parse_case(spec: str):
+    """A case tuple of cases() from "dtype:B:N:k[:causal][:pattern]"; ValueError names the
+    part that is wrong."""
+    parts = spec.split(":")
+    if len(parts) < 4:
+        raise ValueError(f"--case {spec!r}: expected dtype:B:N:k[:causal][:pattern]")
+    if parts[0] not in _DTYPES:
+        raise ValueError(f"--case {spec!r}: dtype {parts[0]!r} is not one of {sorted(_DTYPES)}")
+    dtype = _DTYPES[parts[0]]
+    try:
+        b, n, k = (int(v) for v in parts[1:4])
+    except ValueError:
+        raise ValueError(f"--case {spec!r}: B, N and k must be integers") from None
+    if b < 1 or n < 1 or k < 1:
+        raise ValueError(f"--case {spec!r}: B, N and k must be >= 1")
+    causal = False
+    pattern = "normal" if dtype == torch.float32 else "dsa"
+    for extra in parts[4:]:
+        if extra == "causal":
+            causal = True
+        elif extra in _PATTERNS:
+            pattern = extra
+        else:
+            raise ValueError(f"--case {spec!r}: {extra!r} is neither 'causal' nor a pattern "
+                             f"({', '.join(_PATTERNS)})")
+    name = "custom-causal" if causal else "custom"
+    return (name, dtype, b, n, k, causal, pattern)
 
 
 class GraphTimer:
@@ -161,14 +198,14 @@ def peers():
     return found
 
 
-def run(quick: bool, repeats: int, clean_flush: bool = True):
+def run(case_list, repeats: int, clean_flush: bool = True):
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     available = peers()
     for peer in ("deepselect", "flashinfer"):
         if peer not in available:
             print(f"# {peer}: not installed on this machine, column skipped", file=sys.stderr)
-    for name, dtype, b, n, k, causal, pattern in cases(quick):
+    for name, dtype, b, n, k, causal, pattern in case_list:
         x = make_input(pattern, b, n, dtype, gen)
         end = None
         if causal:
@@ -230,12 +267,19 @@ def main() -> int:
                          "(clean), or only write it (write, as triton's do_bench)")
     ap.add_argument("--json", help="write all rows as JSON here")
     ap.add_argument("--markdown", help="write the table as markdown here")
+    ap.add_argument("--case", action="append", metavar="SPEC", default=[],
+                    help="dtype:B:N:k[:causal][:pattern], e.g. bf16:4:131072:2048; repeatable; "
+                         "replaces the case list")
     args = ap.parse_args()
+    try:
+        case_list = [parse_case(spec) for spec in args.case] or cases(args.quick)
+    except ValueError as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         print("bench_topk: needs a CUDA GPU", file=sys.stderr)
         return 2
     t0 = time.time()
-    rows = run(args.quick, args.repeats, args.flush == "clean")
+    rows = run(case_list, args.repeats, args.flush == "clean")
     prop = torch.cuda.get_device_properties(0)
     header = (f"GPU: {prop.name}, torch {torch.__version__}, attnkit {attnkit.__version__}; "
               f"CUDA-graph replay timed with events, L2 flushed ({args.flush}), "
