@@ -138,8 +138,11 @@ def cmd_topk(args) -> int:
             value_fill=args.value_fill, nan=args.nan, ties=args.ties, **rows)
     except (ValueError, TypeError) as e:
         raise InputError(_in_cli_terms(_one_line(e), args)) from None
-    except MemoryError:
-        raise InputError(f"-k {args.k}: the [B, k] outputs do not fit in memory") from None
+    except MemoryError as e:
+        why = str(e).removeprefix(f"topk: k = {args.k} ")
+        if why == str(e) or not why:  # an allocator's own MemoryError
+            why = "the [B, k] outputs do not fit in memory"
+        raise InputError(f"-k {args.k}: {why}") from None
     elapsed = time.perf_counter() - start
 
     arrays = {"indices": indices}

@@ -113,6 +113,18 @@ def test_topk_command_names_the_flag_of_a_bad_index_fill(tmp_path, capsys):
     assert not (tmp_path / "o.npz").exists()
 
 
+def test_topk_command_refuses_outputs_beyond_memory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(attnkit._arrays, "physical_memory", lambda: 10 << 20)
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    argv = ["topk", "--input", str(tmp_path / "x.npy"), "-k", str(1 << 20), "--output",
+            str(tmp_path / "o.npz")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "-k 1048576: asks for outputs of shape [2, 1048576], 24.0 MiB, beyond this " \
+           "machine's 10.0 MiB of memory" in err, err
+    assert "Traceback" not in err and not (tmp_path / "o.npz").exists()
+
+
 def test_a_failing_stdout_is_one_line_not_a_traceback():
     # `attnkit info > /dev/full`: the report cannot be written.
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
