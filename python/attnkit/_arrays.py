@@ -110,12 +110,36 @@ def check_array(a: Any, name: str) -> None:
                     "tensor or an array supporting DLPack")
 
 
+class _DLPackSource:
+    """A CPU producer that offers only ``__dlpack__``, with the shape and dtype that NumPy's
+    import of it reports. The extension imports the producer itself, so that its strides and
+    data pointer are checked as any DLPack input's are: NumPy's import takes a capsule's strides
+    as given (a byte stride that overflows wraps) and allocates for a null data pointer."""
+
+    def __init__(self, producer: Any, imported: np.ndarray):
+        self._producer, self._imported = producer, imported
+        self.shape, self.dtype = imported.shape, imported.dtype
+
+    def __dlpack__(self, **kwargs):
+        return self._producer.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._producer.__dlpack_device__()
+
+
+def _dlpack_source(producer: Any, imported: np.ndarray) -> _DLPackSource:
+    # A subclass named as the producer's type, so that messages about it name that type.
+    cls = type(type(producer).__name__, (_DLPackSource,), {})
+    return cls(producer, imported)
+
+
 def resolved(a: Any, name: str) -> Any:
     """An input array as attnkit reads it: `a` itself, or
     - for a torch view with its negative or conjugate bit set (whose memory holds the values
       before that sign or conjugation), a resolved copy;
-    - for a producer that offers only ``__dlpack__`` (no ``shape`` or ``dtype``), the array
-      imported from it: NumPy's on the CPU, torch's on a GPU.
+    - for a producer that offers only ``__dlpack__`` (no ``shape`` or ``dtype``): on the CPU,
+      the producer with the shape and dtype of NumPy's import of it (_DLPackSource); on a GPU,
+      torch's import of it.
     The caller holds the result for the duration of the call."""
     if is_torch(a):
         return a.resolve_neg().resolve_conj() if a.is_neg() or a.is_conj() else a
@@ -128,7 +152,7 @@ def resolved(a: Any, name: str) -> Any:
         raise TypeError(f"topk: {name} (a {type(a).__name__} on {device_of(a)}) offers only "
                         "__dlpack__; import torch to read it, or pass a torch tensor")
     try:
-        return np.from_dlpack(a) if on_cpu else torch.from_dlpack(a)
+        return _dlpack_source(a, np.from_dlpack(a)) if on_cpu else torch.from_dlpack(a)
     except Exception as e:  # the producer's export or the capsule it gave
         why = " ".join(str(e).split()) or type(e).__name__
         raise TypeError(f"topk: {name} (a {type(a).__name__}) could not be read through DLPack "

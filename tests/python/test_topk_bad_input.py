@@ -6,6 +6,7 @@ argument and the value seen. Caller buffers passed to a failing call must be lef
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Callable, Tuple
 
@@ -465,6 +466,66 @@ def test_dlpack_producer_whose_export_fails_is_named():
     with pytest.raises(TypeError, match=r"topk: x \(a Producer\) could not be read through "
                                         r"DLPack"):
         attnkit.topk(Producer(torch.randn(3, 10, requires_grad=True)), 2)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]  # null: nothing to free
+
+
+class _HandMadeCapsule:
+    """A producer with only __dlpack__, whose capsule describes a float32 [rows, cols] tensor
+    over `buf` with the given element strides and, if `null`, no data pointer."""
+
+    def __init__(self, buf, shape, strides, null=False):
+        self.buf, self.shape_, self.strides_, self.null = buf, shape, strides, null
+        self.alive = []  # the structures the capsules point into
+
+    def __dlpack__(self, **kwargs):
+        shape = (ctypes.c_int64 * 2)(*self.shape_)
+        strides = (ctypes.c_int64 * 2)(*self.strides_)
+        m = _DLManagedTensor()
+        m.dl_tensor.data = None if self.null else self.buf.ctypes.data
+        m.dl_tensor.device = _DLDevice(1, 0)  # kDLCPU
+        m.dl_tensor.ndim = 2
+        m.dl_tensor.dtype = _DLDataType(2, 32, 1)  # kDLFloat, 32 bits
+        m.dl_tensor.shape, m.dl_tensor.strides = shape, strides
+        self.alive += [shape, strides, m]
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(m), b"dltensor", None)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_bare_dlpack_producers_are_checked_as_other_inputs():
+    # A producer with neither shape nor dtype: NumPy's import of it gives both, but its strides
+    # and data pointer are checked by attnkit's own import, which NumPy's does not do (a byte
+    # stride that overflows wraps to 0 there, and a null pointer gets fresh memory).
+    buf = np.arange(16, dtype=np.float32)
+    good = attnkit.topk(_HandMadeCapsule(buf, (2, 8), (8, 1)), 2, sorted="value")
+    assert_same_result(good, topk_reference(buf.reshape(2, 8), 2, sorted="value"), "bare")
+    with pytest.raises(ValueError, match=r"topk: x has shape \[2, 8\] and strides "
+                                         r"\(4611686018427387904, 1\), whose byte span is 2\^62"):
+        attnkit.topk(_HandMadeCapsule(buf, (2, 8), (2**62, 1)), 2)
+    with pytest.raises(ValueError, match="topk: x has 16 elements but a null data pointer"):
+        attnkit.topk(_HandMadeCapsule(buf, (2, 8), (8, 1), null=True), 2)
 
 
 class _NoCapsule:
