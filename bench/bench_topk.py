@@ -159,7 +159,7 @@ def reference_indices(x, k, end):
     return torch.sort(order, dim=1).values
 
 
-def check(x, k, end, values, indices):
+def check(x, k, end, values, indices, order="none"):
     want = reference_indices(x, k, end)
     got = indices.long()
     if end is not None:
@@ -179,6 +179,11 @@ def check(x, k, end, values, indices):
         if not torch.equal(gathered.view(torch.int16 if x.element_size() == 2 else torch.int32)[valid],
                            values.view(torch.int16 if x.element_size() == 2 else torch.int32)[valid]):
             raise AssertionError("values are not the input bits at the returned indices")
+    if order != "none" and end is None:
+        # Best first by value, or ascending column: each row's order, not only its set.
+        key = x.gather(1, indices.long()).float() if order == "value" else -indices.double()
+        if (key[:, 1:] > key[:, :-1]).any():
+            raise AssertionError(f"a row is not in sorted={order!r} order")
 
 
 def peers():
@@ -198,7 +203,7 @@ def peers():
     return found
 
 
-def run(case_list, repeats: int, clean_flush: bool = True):
+def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none"):
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     available = peers()
@@ -217,18 +222,18 @@ def run(case_list, repeats: int, clean_flush: bool = True):
             out_v = torch.empty(b, k, dtype=dtype, device="cuda") if return_values else None
 
             def ours():
-                attnkit.topk(x, k, end=end, indices_dtype=torch.int32, out_indices=out_i,
-                             out_values=out_v, return_values=return_values)
+                attnkit.topk(x, k, end=end, sorted=order, indices_dtype=torch.int32,
+                             out_indices=out_i, out_values=out_v, return_values=return_values)
 
             ours()
             torch.cuda.synchronize()
-            check(x, k, end, out_v, out_i)
+            check(x, k, end, out_v, out_i, order)
             t_ours = GraphTimer(ours, repeats, clean_flush).median_us()
             xt = x if end is None else x.masked_fill(
                 torch.arange(n, device="cuda")[None, :] >= end[:, None], float("-inf"))
 
             def theirs():
-                torch.topk(xt, k, dim=1, sorted=False)
+                torch.topk(xt, k, dim=1, sorted=order == "value")
 
             t_torch = GraphTimer(theirs, repeats, clean_flush).median_us()
             bytes_moved = valid * x.element_size() + b * k * (4 + (x.element_size() if return_values else 0))
@@ -267,6 +272,8 @@ def main() -> int:
                          "(clean), or only write it (write, as triton's do_bench)")
     ap.add_argument("--json", help="write all rows as JSON here")
     ap.add_argument("--markdown", help="write the table as markdown here")
+    ap.add_argument("--sorted", choices=("none", "index", "value"), default="none",
+                    help="attnkit's order; torch.topk sorts for 'value' only (default: none)")
     ap.add_argument("--case", action="append", metavar="SPEC", default=[],
                     help="dtype:B:N:k[:causal][:pattern], e.g. bf16:4:131072:2048; repeatable; "
                          "replaces the case list")
@@ -279,12 +286,12 @@ def main() -> int:
         print("bench_topk: needs a CUDA GPU", file=sys.stderr)
         return 2
     t0 = time.time()
-    rows = run(case_list, args.repeats, args.flush == "clean")
+    rows = run(case_list, args.repeats, args.flush == "clean", args.sorted)
     prop = torch.cuda.get_device_properties(0)
     header = (f"GPU: {prop.name}, torch {torch.__version__}, attnkit {attnkit.__version__}; "
               f"CUDA-graph replay timed with events, L2 flushed ({args.flush}), "
               f"median of {args.repeats}; "
-              f"int32 indices, sorted='none', ties='lowest_index'")
+              f"int32 indices, sorted={args.sorted!r}, ties='lowest_index'")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header, "rows": rows, "seconds": time.time() - t0}, f, indent=1)
