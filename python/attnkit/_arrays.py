@@ -117,7 +117,7 @@ class _DLPackSource:
     as given (a byte stride that overflows wraps) and allocates for a null data pointer."""
 
     def __init__(self, producer: Any, imported: np.ndarray):
-        self._producer, self._imported = producer, imported
+        self._producer = producer
         self.shape, self.dtype = imported.shape, imported.dtype
 
     def __dlpack__(self, **kwargs):

@@ -313,22 +313,18 @@ def topk(
                    for a, name in ((begin, "begin"), (end, "end"), (index_offset, "index_offset")))
     options = (k, bool(largest), order, nan_code, ties_code, index_fill, fill, check_code,
                backend_code)
-    allocating = out_indices is None or (out_values is None and return_values)
-    if allocating and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
+    # The dtypes of the outputs to allocate (None: the caller's buffer, or no values).
+    make_indices = index_name if out_indices is None else None
+    make_values = (_arrays.array_dtype_name(x, "x")
+                   if out_values is None and return_values else None)
+    made_indices, made_values = make_indices is not None, make_values is not None
+    if (made_indices or made_values) and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
         _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
-        _check_host_memory(x, out_shape, k, index_name if out_indices is None else None,
-                           _arrays.array_dtype_name(x, "x")
-                           if out_values is None and return_values else None)
-    if out_indices is None:
-        out_indices = _arrays.empty(x, out_shape, index_name)
-        made_indices = True
-    else:
-        made_indices = False
-    if out_values is None and return_values:
-        out_values = _arrays.empty(x, out_shape, _arrays.array_dtype_name(x, "x"))
-        made_values = True
-    else:
-        made_values = False
+        _check_host_memory(x, out_shape, k, make_indices, make_values)
+    if made_indices:
+        out_indices = _arrays.empty(x, out_shape, make_indices)
+    if made_values:
+        out_values = _arrays.empty(x, out_shape, make_values)
 
     args = (
         x_view,
