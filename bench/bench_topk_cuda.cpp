@@ -2,7 +2,8 @@
 // C++ timing of attnkit::topk on CUDA with no Python in the loop, for quick kernel iterations
 // and for profilers (ncu/nsys see only the top-k kernels and an L2-flushing memset).
 //
-// Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S] [CASE ...]
+// Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S]
+//                           [--sorted none|index|value] [CASE ...]
 //   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
 //          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool values = true;
   bool clean_flush = true;
+  attnkit::TopkOrder order = attnkit::TopkOrder::kNone;
   std::uint64_t seed = 42;
   std::vector<Case> list;
   for (int i = 1; i < argc; ++i) {
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S] "
-          "[CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
+          "[--sorted none|index|value] [CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
           "  Times attnkit::topk on GPU 0 (a CUDA-graph replay per repeat, L2 flushed); without\n"
           "  cases it runs the shapes of bench/bench_topk.py.\n");
       return 0;
@@ -111,6 +113,15 @@ int main(int argc, char** argv) {
         return 2;
       }
       clean_flush = mode == "clean";
+    } else if (a == "--sorted" && i + 1 < argc) {
+      const std::string mode = argv[++i];
+      if (mode == "none") order = attnkit::TopkOrder::kNone;
+      else if (mode == "index") order = attnkit::TopkOrder::kIndex;
+      else if (mode == "value") order = attnkit::TopkOrder::kValue;
+      else {
+        std::fprintf(stderr, "bad --sorted '%s' (want none, index or value)\n", mode.c_str());
+        return 2;
+      }
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else {
@@ -203,6 +214,7 @@ int main(int argc, char** argv) {
     t.out_indices = attnkit::TensorView::make(idx, attnkit::DType::kInt32, gpu, {c.batch, c.k});
     attnkit::TopkOptions o;
     o.k = c.k;
+    o.sorted = order;
     std::size_t ws_bytes = attnkit::topk_workspace_size(t, o);
     cuda_ok(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)), "cudaMalloc(workspace)");
 

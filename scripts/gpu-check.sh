@@ -95,7 +95,7 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
   step "compute-sanitizer memcheck" "$SAN_LOG" compute-sanitizer --tool memcheck --error-exitcode 3 \
     "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
   step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*:*SmallClusterWide*' --gtest_brief=1
+    "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*:*SmallClusterWide*:*SmallSorted*' --gtest_brief=1
   step "compute-sanitizer memcheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
     compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
   step "compute-sanitizer racecheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \

@@ -165,35 +165,127 @@ __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
   return kth;
 }
 
-/// Sorts the first n candidates best first (key descending, then column ascending) with a
-/// bitonic network over `padded` = the next power of two >= n slots, which must fit the list.
+/// Words of the digit counts sort_best_first needs: 256 a warp.
 template <int kThreads>
-__device__ void sort_best_first(std::uint32_t* key, std::uint32_t* col, std::uint32_t n,
-                                std::uint32_t padded) {
-  key = as_shared(key);
-  col = as_shared(col);
-  for (std::uint32_t p = n + threadIdx.x; p < padded; p += kThreads) {
-    key[p] = 0u;  // below every candidate
-    col[p] = 0xFFFFFFFFu;
+constexpr std::uint32_t sort_count_words() {
+  return static_cast<std::uint32_t>(kThreads / kWarpSize) * 256u;
+}
+
+/// Sorts list `a` best first: key descending, then column ascending. The list must be in
+/// column order, as every kernel places its kept elements, so that a stable sort by key alone
+/// leaves equal keys in column order. `b` is the other buffer (room for a.n); the sorted list
+/// is returned, in whichever of the two it ends.
+///
+/// LSD radix sort of (key - least key) in 8-bit digits, as many passes as the keys' range
+/// needs (one or two for the 16-bit scores of a row's best k, up to four for fp32). Warp w
+/// owns positions [w T, (w + 1) T), T = 32 x tiles, and walks them a tile (32 positions) at a
+/// time: eight ballots group the tile's lanes by digit, and the lowest lane of a group adds
+/// the group to the warp's count of its digit (one shared atomic a group, on counts no other
+/// warp touches). One scan over (digit, warp) turns the counts into each warp's first position
+/// of each digit, and the same walk again claims the groups' places in tile order and writes
+/// every element to its place in the other buffer. Five barriers a pass, against the
+/// log2(n) (log2(n) + 1) / 2 barrier stages of a bitonic network (66 for 2048 keys).
+/// \param counts shared scratch of sort_count_words<kThreads>() words.
+/// \param warp_totals shared scratch of 32 words.
+/// Every thread calls it; ends with a barrier.
+template <int kThreads>
+__device__ Candidates sort_best_first(Candidates a, Candidates b, std::uint32_t* counts,
+                                      std::uint32_t* warp_totals) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  static_assert(kThreads >= 256 && kWarps <= 16, "a thread a digit; bounds fit warp_totals");
+  const std::uint32_t n = a.n;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  const std::uint32_t tiles = (n + kThreads - 1) / kThreads;
+  const std::uint32_t first = warp * tiles * kWarpSize + lane;  // position of tile 0's lane
+  Candidates src = as_shared(a), dst = as_shared(b);
+  dst.n = n;
+
+  // The keys' range: passes over its significant bits only.
+  std::uint32_t lo = 0xFFFFFFFFu, hi = 0;
+  for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
+    if (p < n) lo = min(lo, src.key[p]), hi = max(hi, src.key[p]);
   }
-  for (std::uint32_t size = 2; size <= padded; size <<= 1) {
-    for (std::uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
-      __syncthreads();
-      for (std::uint32_t i = threadIdx.x; i < padded / 2; i += kThreads) {
-        const std::uint32_t lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-        const bool ascending = (lo & size) == 0;
-        const std::uint32_t ka = key[lo], kb = key[hi], ca = col[lo], cb = col[hi];
-        const bool hi_first = kb > ka || (kb == ka && cb < ca);
-        if (hi_first == ascending) {
-          key[lo] = kb;
-          key[hi] = ka;
-          col[lo] = cb;
-          col[hi] = ca;
-        }
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d /= 2) {
+    lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, d));
+    hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, d));
+  }
+  if (lane == 0) warp_totals[warp] = lo, warp_totals[16 + warp] = hi;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) lo = min(lo, warp_totals[w]), hi = max(hi, warp_totals[16 + w]);
+  const std::uint32_t range = hi - lo;
+  if (range == 0) {  // one key: column order is the order
+    __syncthreads();   // the bounds are read before warp_totals is reused
+    return src;
+  }
+  const int passes = (32 - __clz(range) + 7) / 8;
+
+  std::uint32_t* my_counts = counts + warp * 256;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = 8 * pass;
+    // The lanes of a tile holding an element of this lane's digit (digit 0 holds the pass's
+    // best keys, so that ascending digits run best first): eight ballots, one a digit bit.
+    auto peers_of = [&](std::uint32_t p, std::uint32_t& d) {
+      const bool valid = p < n;
+      d = valid ? ~((src.key[p] - lo) >> shift) & 0xFFu : 0u;
+      std::uint32_t peers = __ballot_sync(0xFFFFFFFFu, valid);
+#pragma unroll
+      for (int bit = 0; bit < 8; ++bit) {
+        const std::uint32_t set = __ballot_sync(0xFFFFFFFFu, (d >> bit) & 1u);
+        peers &= (d >> bit) & 1u ? set : ~set;
+      }
+      return valid ? peers : 0u;
+    };
+    for (int i = lane; i < 256; i += kWarpSize) my_counts[i] = 0;
+    __syncwarp();
+    for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
+      std::uint32_t d;
+      const std::uint32_t peers = peers_of(p, d);
+      // The lowest lane of a group adds the group to the warp's count of its digit.
+      if (peers != 0 && (peers & lanes_below) == 0) atomicAdd(&my_counts[d], __popc(peers));
+    }
+    __syncthreads();
+    // Thread t owns digit t: its warps' counts become their first places within the digit,
+    // then the digits' totals are scanned in digit order.
+    std::uint32_t in_digit = 0;
+    if (threadIdx.x < 256) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const std::uint32_t c = counts[w * 256 + threadIdx.x];
+        counts[w * 256 + threadIdx.x] = in_digit;
+        in_digit += c;
       }
     }
+    std::uint32_t total;
+    const std::uint32_t digit_first = block_exclusive_sum<kThreads>(in_digit, warp_totals, total);
+    if (threadIdx.x < 256) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) counts[w * 256 + threadIdx.x] += digit_first;
+    }
+    __syncthreads();
+    // The same walk again: each group's lowest lane claims the group's places, in tile order
+    // (a tile's claims return before the next tile's are made, through the shuffle).
+    for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
+      std::uint32_t d;
+      const std::uint32_t peers = peers_of(p, d);
+      const int leader = peers != 0 ? __ffs(peers) - 1 : lane;
+      std::uint32_t at = 0;
+      if (peers != 0 && leader == lane) at = atomicAdd(&my_counts[d], __popc(peers));
+      at = __shfl_sync(0xFFFFFFFFu, at, leader);
+      if (peers != 0) {
+        const std::uint32_t to = at + __popc(peers & lanes_below);
+        dst.key[to] = src.key[p];
+        dst.col[to] = src.col[p];
+      }
+    }
+    __syncthreads();
+    const Candidates t = src;
+    src = dst;
+    dst = t;
   }
-  __syncthreads();
+  return src;
 }
 
 }  // namespace attnkit::detail::cuda

@@ -248,6 +248,7 @@ Launch make_launch(const TopkProblem& p) {
 
   const int sms = sm_count(p.device.index);
   const std::uint32_t k = l.k_select;
+  const bool sorted = p.order == TopkOrder::kValue;
   l.slot_stride = (k + 3) / 4 * 4;
   if (p.k == 1) {
     // Argmax: no candidate lists. Rows are cut until the grid holds four CTAs per SM (short
@@ -269,15 +270,15 @@ Launch make_launch(const TopkProblem& p) {
     // with the widest rounds that fit; three per SM for ragged rows.
     const std::size_t elem = dtype_size(p.dtype);
     const cuda::BufferPlan narrow = cuda::buffer_plan(k, cuda::NarrowPolicy::round(elem),
-                                                      cuda::kNarrowSmem, p.row_len);
+                                                      cuda::kNarrowSmem, p.row_len, sorted);
     const cuda::BufferPlan narrow_half = cuda::buffer_plan(
-        k, cuda::NarrowHalfRoundPolicy::round(elem), cuda::kNarrowSmem, p.row_len);
+        k, cuda::NarrowHalfRoundPolicy::round(elem), cuda::kNarrowSmem, p.row_len, sorted);
     // Three CTAs an SM only where their buffers fit without a smaller slack (which would add
     // selects: fp32 k > 1152) and the device keeps three resident.
     const cuda::BufferPlan triple = cuda::buffer_plan(
-        k, cuda::TriplePolicy::round(elem), cuda::kTripleSmem, p.row_len);
+        k, cuda::TriplePolicy::round(elem), cuda::kTripleSmem, p.row_len, sorted);
     const cuda::BufferPlan triple_full = cuda::buffer_plan(
-        k, cuda::TriplePolicy::round(elem), cuda::kMaxDynamicSmem, p.row_len);
+        k, cuda::TriplePolicy::round(elem), cuda::kMaxDynamicSmem, p.row_len, sorted);
     if (p.batch >= sms && p.end.data != nullptr && triple.smem() <= cuda::kTripleSmem &&
         triple.limit == triple_full.limit && triple_fits_three(p)) {
       plan.policy = RowsPolicy::kTriple;
@@ -309,14 +310,14 @@ Launch make_launch(const TopkProblem& p) {
         // A slice keeps its row's sample in its newcomer list while it finds the floor.
         if (plan.slices > 1) slice_len = std::max(slice_len, kFilterSampleMaxKeys);
       }
-      plan.rows = cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem, slice_len);
+      plan.rows = cuda::buffer_plan(k, round, cuda::kMaxDynamicSmem, slice_len, sorted);
     }
   }
   if (plan.slices > 1) {
     if (plan.path == TopkPath::kFilter) {
       // Room for the whole row: the merge streams it again when the row's sample misled it.
       plan.merge = cuda::buffer_plan(k, cuda::merge_round(dtype_size(p.dtype)),
-                                     cuda::kMaxDynamicSmem, p.row_len);
+                                     cuda::kMaxDynamicSmem, p.row_len, sorted);
       // Room for every slice's list where it fits, so that the merge selects once.
       const std::int64_t lists = static_cast<std::int64_t>(plan.slices) * l.slot_stride;
       cuda::BufferPlan all = plan.merge;

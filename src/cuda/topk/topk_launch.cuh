@@ -89,6 +89,9 @@ using detail::kShortThreads;
 using detail::kWideClusterThreads;
 // Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
+// Newcomer slots a filter kernel's plan holds at least with sorted="value": the finished list's
+// sort counts digits in the newcomer list (two words a slot), 256 words a warp of 512 threads.
+constexpr std::uint32_t kSortNewcomerSlots = sort_count_words<512>() / 2;
 // Dynamic shared memory a CTA may take: 227 KB less the static part (under 2 KB since the
 // select's single histogram; 16 KB of per-warp histograms when the budget was set).
 constexpr std::size_t kMaxDynamicSmem = 200 * 1024;
@@ -103,17 +106,21 @@ struct BufferPlan {
   std::size_t smem() const { return std::size_t{8} * (2 * survivor_slots + newcomer_slots); }
 };
 
-/// Dynamic shared memory of the short-row and cluster kernels: the kept keys and columns.
-inline std::size_t kept_list_bytes(std::uint32_t survivor_slots) {
-  return 2 * sizeof(std::uint32_t) * survivor_slots;
+/// Dynamic shared memory of the short-row kernel: the kept keys and columns, and as many again
+/// for the sort with sorted="value".
+inline std::size_t kept_list_bytes(std::uint32_t survivor_slots, bool sorted = false) {
+  return (sorted ? 4 : 2) * sizeof(std::uint32_t) * survivor_slots;
 }
 
 /// Dynamic shared memory of the cluster kernel with CTAs of `threads`: the kept lists, then
-/// each thread's columns (topk_cluster_rows_kernel).
+/// each thread's columns (topk_cluster_rows_kernel), where the sort's spare lists go after the
+/// columns are read (so at least as many bytes as the kept lists with sorted="value").
 template <class Traits>
-std::size_t cluster_smem_bytes(std::uint32_t survivor_slots, int threads) {
+std::size_t cluster_smem_bytes(std::uint32_t survivor_slots, int threads, bool sorted = false) {
+  const std::size_t columns =
+      sizeof(typename Traits::Bits) * kShortPerThread * static_cast<std::size_t>(threads);
   return kept_list_bytes(survivor_slots) +
-         sizeof(typename Traits::Bits) * kShortPerThread * static_cast<std::size_t>(threads);
+         std::max(columns, sorted ? kept_list_bytes(survivor_slots) : 0);
 }
 
 inline std::uint32_t next_pow2_host(std::uint32_t v) {
@@ -129,19 +136,21 @@ inline std::uint32_t next_pow2_host(std::uint32_t v) {
 /// (slice) of `len` elements short enough that the filter would select about once anyway
 /// (len <= 2 (k + max(2k, 2048))) is kept whole and selected once, at the end; on longer rows
 /// the rising threshold saves far more than the extra selects cost.
+/// With `sorted`, the newcomer list holds at least kSortNewcomerSlots (the sort's counts).
 inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t max_smem,
-                              std::int64_t len) {
+                              std::int64_t len, bool sorted) {
   BufferPlan b;
   b.survivor_slots = next_pow2_host(k);
+  const std::int64_t least = sorted ? kSortNewcomerSlots : 1;
   const std::int64_t default_limit = k + std::max<std::uint32_t>(2 * k, 2048);
   if (len <= 2 * default_limit && len <= 65535 - 2 * static_cast<std::int64_t>(b.survivor_slots)) {
-    b.newcomer_slots = static_cast<std::uint32_t>(std::max<std::int64_t>(len, 1));
+    b.newcomer_slots = static_cast<std::uint32_t>(std::max(len, least));
     b.limit = b.newcomer_slots + k + 1;  // never reached
     if (b.smem() <= max_smem) return b;
   }
   for (std::uint32_t slack = std::max<std::uint32_t>(k, 256); ; slack /= 2) {
     b.limit = k + slack;
-    b.newcomer_slots = b.limit + round;
+    b.newcomer_slots = static_cast<std::uint32_t>(std::max<std::int64_t>(b.limit + round, least));
     if (b.smem() <= max_smem || slack <= 256) break;
   }
   return b;
@@ -289,7 +298,7 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   }
   if (plan.path == TopkPath::kShort) {
     p.survivor_slots = plan.rows.survivor_slots;
-    const std::size_t smem = kept_list_bytes(plan.rows.survivor_slots);
+    const std::size_t smem = kept_list_bytes(plan.rows.survivor_slots, p.sort_by_value);
     launch(topk_short_rows_kernel<Traits, kShortThreads, kShortPerThread>, plan.batch,
            kShortThreads, smem, stream, p, "topk_short_rows_kernel");
     return;
@@ -298,7 +307,7 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     p.survivor_slots = plan.rows.survivor_slots;
     p.cluster_ctas = plan.cluster_ctas;
     const std::size_t smem =
-        cluster_smem_bytes<Traits>(plan.rows.survivor_slots, plan.cluster_threads);
+        cluster_smem_bytes<Traits>(plan.rows.survivor_slots, plan.cluster_threads, p.sort_by_value);
     if (plan.cluster_ctas == 1) {
       launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
              kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");

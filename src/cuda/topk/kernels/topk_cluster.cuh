@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
   constexpr std::uint32_t kVecMask = (1u << kVec) - 1u;
   static_assert(kPerThread == 32, "one 32-bit candidate mask per thread");
   // Kept keys and columns, [2][survivor_slots] (CTA 0's are the cluster's), then the thread's
-  // columns as 32-bit words, [kPerThread * sizeof(Bits) / 4][kThreads] (cluster_smem_bytes).
+  // columns as 32-bit words, [kPerThread * sizeof(Bits) / 4][kThreads], whose place CTA 0's
+  // sort takes for its spare lists with sorted="value" (cluster_smem_bytes).
   extern __shared__ __align__(16) std::uint32_t smem[];
   __shared__ ClusterScratch<kClustered> s;
 
@@ -447,10 +448,14 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
   } else {
     __syncthreads();
   }
+  Candidates out{smem, smem + p.survivor_slots, kept_total};
   if (kept_total > 1) {
-    sort_best_first<kThreads>(smem, smem + p.survivor_slots, kept_total, next_pow2(kept_total));
+    // Through spare lists where the staged columns were (cluster_smem_bytes makes room).
+    static_assert(sort_count_words<kThreads>() <= 2 * kShortBins, "the sort counts in s.hist");
+    const Candidates spare{smem + 2 * p.survivor_slots, smem + 3 * p.survivor_slots, 0};
+    out = sort_best_first<kThreads>(out, spare, &s.hist[0][0], s.pivot.warp_totals);
   }
-  write_outputs<Traits, kThreads>(p, b, Candidates{smem, smem + p.survivor_slots, kept_total});
+  write_outputs<Traits, kThreads>(p, b, out);
 }
 
 }  // namespace attnkit::detail::cuda

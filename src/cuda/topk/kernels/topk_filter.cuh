@@ -29,8 +29,9 @@
 //                      CTA per row.
 //
 // Thread roles: all threads load, filter and append; all take part in every select.
-// Shared memory (dynamic): survivors key/col [2][kS] (kS = next power of two >= k, so the
-// final sort fits), newcomers key/col [slack + round]; static: SelectScratch, append counts.
+// Shared memory (dynamic): survivors key/col [2][kS] (kS = next power of two >= k; the final
+// sort goes from one list to the other), newcomers key/col [slack + round] (where the sort
+// counts); static: SelectScratch, append counts.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -97,10 +98,6 @@ __device__ __forceinline__ std::int64_t head_to_alignment(const Bits* row, std::
   const auto addr = reinterpret_cast<std::uintptr_t>(row + lo);
   const auto to_align = static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(Bits));
   return to_align < hi - lo ? to_align : hi - lo;
-}
-
-__device__ __forceinline__ std::uint32_t next_pow2(std::uint32_t v) {
-  return v <= 1 ? 1u : 1u << (32 - __clz(v - 1));
 }
 
 /// The prefilter of one 32-bit word of input (one fp32 element or two 16-bit ones): nonzero
@@ -483,8 +480,14 @@ struct FilterEngine {
       __syncthreads();
     }
     const Candidates out = survivors();
-    if (sort_by_value && out.n > 1) sort_best_first<kThreads>(out.key, out.col, out.n, next_pow2(out.n));
-    return out;
+    if (sort_by_value && out.n > 1) {
+      // Through the spare list; the newcomer list, free now, holds at least kSortNewcomerSlots
+      // (buffer_plan) for the sort's counts.
+      const Candidates sorted =
+          sort_best_first<kThreads>(out, spare(), newcomers().key, scratch.warp_totals);
+      if (sorted.key != out.key) current ^= 1u;
+    }
+    return survivors();
   }
 };
 

@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
   static_assert(kPerThread % kVec == 0, "whole vectors per thread");
-  extern __shared__ __align__(16) std::uint32_t smem[];  // kept keys and columns, [2][slots]
+  // Kept keys and columns, [2][slots], then as many for the sort with sorted="value".
+  extern __shared__ __align__(16) std::uint32_t smem[];
   __shared__ ShortScratch s;
 
   const std::int64_t b = blockIdx.x;
@@ -256,8 +257,13 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     }
   }
   __syncthreads();
-  if (p.sort_by_value && kept > 1) sort_best_first<kThreads>(key, col, kept, next_pow2(kept));
-  write_outputs<Traits, kThreads>(p, b, Candidates{key, col, kept});
+  Candidates out{key, col, kept};
+  if (p.sort_by_value && kept > 1) {  // through the spare lists, which follow with sorted="value"
+    static_assert(sort_count_words<kThreads>() <= kShortBins, "the sort counts in the histogram");
+    const Candidates spare{smem + 2 * slots, smem + 3 * slots, 0};
+    out = sort_best_first<kThreads>(out, spare, s.hist, s.pivot.warp_totals);
+  }
+  write_outputs<Traits, kThreads>(p, b, out);
 }
 
 }  // namespace attnkit::detail::cuda
