@@ -203,6 +203,7 @@ __device__ Candidates sort_best_first(Candidates a, Candidates b, std::uint32_t*
 
   // The keys' range: passes over its significant bits only.
   std::uint32_t lo = 0xFFFFFFFFu, hi = 0;
+#pragma unroll 1
   for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
     if (p < n) lo = min(lo, src.key[p]), hi = max(hi, src.key[p]);
   }
@@ -223,6 +224,7 @@ __device__ Candidates sort_best_first(Candidates a, Candidates b, std::uint32_t*
   const int passes = (32 - __clz(range) + 7) / 8;
 
   std::uint32_t* my_counts = counts + warp * 256;
+#pragma unroll 1
   for (int pass = 0; pass < passes; ++pass) {
     const int shift = 8 * pass;
     // The lanes of a tile holding an element of this lane's digit (digit 0 holds the pass's
@@ -238,8 +240,10 @@ __device__ Candidates sort_best_first(Candidates a, Candidates b, std::uint32_t*
       }
       return valid ? peers : 0u;
     };
+#pragma unroll
     for (int i = lane; i < 256; i += kWarpSize) my_counts[i] = 0;
     __syncwarp();
+#pragma unroll 1
     for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
       std::uint32_t d;
       const std::uint32_t peers = peers_of(p, d);
@@ -267,6 +271,7 @@ __device__ Candidates sort_best_first(Candidates a, Candidates b, std::uint32_t*
     __syncthreads();
     // The same walk again: each group's lowest lane claims the group's places, in tile order
     // (a tile's claims return before the next tile's are made, through the shuffle).
+#pragma unroll 1
     for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
       std::uint32_t d;
       const std::uint32_t peers = peers_of(p, d);

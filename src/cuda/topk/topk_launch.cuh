@@ -237,12 +237,17 @@ void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, s
   cuda_check_launch(name);
 }
 
-/// The clustered cluster kernel with CTAs of `threads` (kShortThreads or kWideClusterThreads).
+/// The clustered cluster kernel with CTAs of `threads` (kShortThreads or kWideClusterThreads),
+/// for sorted="value" or not.
 template <class Traits>
-auto clustered_rows_kernel(int threads) {
-  return threads == kWideClusterThreads
-             ? topk_cluster_rows_kernel<Traits, kWideClusterThreads, kShortPerThread, true>
-             : topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, true>;
+auto clustered_rows_kernel(int threads, bool sorted = false) {
+  constexpr int kWide = kWideClusterThreads, kNarrow = kShortThreads, kPer = kShortPerThread;
+  if (threads == kWide) {
+    return sorted ? topk_cluster_rows_kernel<Traits, kWide, kPer, true, true>
+                  : topk_cluster_rows_kernel<Traits, kWide, kPer, true, false>;
+  }
+  return sorted ? topk_cluster_rows_kernel<Traits, kNarrow, kPer, true, true>
+                : topk_cluster_rows_kernel<Traits, kNarrow, kPer, true, false>;
 }
 
 /// The rows kernel of policy P.
@@ -309,11 +314,14 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     const std::size_t smem =
         cluster_smem_bytes<Traits>(plan.rows.survivor_slots, plan.cluster_threads, p.sort_by_value);
     if (plan.cluster_ctas == 1) {
-      launch(topk_cluster_rows_kernel<Traits, kShortThreads, kShortPerThread, false>, plan.batch,
-             kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
+      constexpr int kPer = kShortPerThread;
+      const auto kernel = p.sort_by_value
+                              ? topk_cluster_rows_kernel<Traits, kShortThreads, kPer, false, true>
+                              : topk_cluster_rows_kernel<Traits, kShortThreads, kPer, false, false>;
+      launch(kernel, plan.batch, kShortThreads, smem, stream, p, "topk_cluster_rows_kernel");
     } else {
-      launch_clustered(clustered_rows_kernel<Traits>(plan.cluster_threads), plan.batch,
-                       plan.cluster_ctas, plan.cluster_threads, smem, stream, p,
+      launch_clustered(clustered_rows_kernel<Traits>(plan.cluster_threads, p.sort_by_value),
+                       plan.batch, plan.cluster_ctas, plan.cluster_threads, smem, stream, p,
                        "topk_cluster_rows_kernel<cluster>");
     }
     return;

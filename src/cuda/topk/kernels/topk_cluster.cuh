@@ -134,8 +134,9 @@ struct ClusterScratch {
 };
 
 // 256-thread CTAs two an SM; 512-thread ones (rows beyond 16 x 8192 columns) one, with the
-// same registers a thread.
-template <class Traits, int kThreads, int kPerThread, bool kClustered>
+// same registers a thread. kSorted (sorted="value") is a kernel of its own: the sort's code
+// in the unordered kernel made one-row calls 4-6 % slower (code fetched after the L2 flush).
+template <class Traits, int kThreads, int kPerThread, bool kClustered, bool kSorted>
 __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
     topk_cluster_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
@@ -421,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
     at_kth = kept_ties;
   }
   const std::uint32_t kept = above | at_kth;
-  if (!p.sort_by_value) {
+  if constexpr (!kSorted) {
     // Column order is the output order: every CTA writes its kept elements in place, and CTA 0
     // the padding.
     const std::int64_t offset =
@@ -434,28 +435,28 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
         write_slot_bits<Traits>(p, b, j, false, 0u, offset, 0u);
       }
     }
-    return;
-  }
-  // sorted="value": the kept elements go to CTA 0, which sorts them.
-  for_each(kept, [&](std::uint32_t bits, int i) {
-    cluster_store(smem + pos, 0, score_of<Traits>(bits, p.sp));
-    cluster_store(smem + p.survivor_slots + pos, 0, static_cast<std::uint32_t>(c0 + i));
-    ++pos;
-  });
-  if constexpr (kClustered) {
-    cluster_sync();  // the kept elements are in CTA 0; the others are done with every copy
-    if (rank != 0) return;
   } else {
-    __syncthreads();
+    // sorted="value": the kept elements go to CTA 0, which sorts them.
+    for_each(kept, [&](std::uint32_t bits, int i) {
+      cluster_store(smem + pos, 0, score_of<Traits>(bits, p.sp));
+      cluster_store(smem + p.survivor_slots + pos, 0, static_cast<std::uint32_t>(c0 + i));
+      ++pos;
+    });
+    if constexpr (kClustered) {
+      cluster_sync();  // the kept elements are in CTA 0; the others are done with every copy
+      if (rank != 0) return;
+    } else {
+      __syncthreads();
+    }
+    Candidates out{smem, smem + p.survivor_slots, kept_total};
+    if (kept_total > 1) {
+      // Through spare lists where the staged columns were (cluster_smem_bytes makes room).
+      static_assert(sort_count_words<kThreads>() <= 2 * kShortBins, "the sort counts in s.hist");
+      const Candidates spare{smem + 2 * p.survivor_slots, smem + 3 * p.survivor_slots, 0};
+      out = sort_best_first<kThreads>(out, spare, &s.hist[0][0], s.pivot.warp_totals);
+    }
+    write_outputs<Traits, kThreads>(p, b, out);
   }
-  Candidates out{smem, smem + p.survivor_slots, kept_total};
-  if (kept_total > 1) {
-    // Through spare lists where the staged columns were (cluster_smem_bytes makes room).
-    static_assert(sort_count_words<kThreads>() <= 2 * kShortBins, "the sort counts in s.hist");
-    const Candidates spare{smem + 2 * p.survivor_slots, smem + 3 * p.survivor_slots, 0};
-    out = sort_best_first<kThreads>(out, spare, &s.hist[0][0], s.pivot.warp_totals);
-  }
-  write_outputs<Traits, kThreads>(p, b, out);
 }
 
 }  // namespace attnkit::detail::cuda
