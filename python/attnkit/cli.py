@@ -109,6 +109,14 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
     return np.ascontiguousarray(a)
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths a and b name one existing file (links and hard links included)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either is missing or unreadable: not one file
+        return False
+
+
 def cmd_topk(args) -> int:
     import numpy as np
 
@@ -123,6 +131,12 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
+    for opt in ("input", "begin", "end", "index_offset"):
+        path = getattr(args, opt)
+        if path and _same_file(args.output, path):
+            flag = "--" + opt.replace("_", "-")
+            raise InputError(f"--output {args.output}: is the file of {flag}; writing it would "
+                             f"replace that input")
     x = load_npy(args.input, "--input", _arrays.X_DTYPES, (1, 2))
     rows = {}
     for opt in ("begin", "end", "index_offset"):

@@ -113,6 +113,27 @@ def test_topk_command_names_the_flag_of_a_bad_index_fill(tmp_path, capsys):
     assert not (tmp_path / "o.npz").exists()
 
 
+@pytest.mark.parametrize("flag", ["--input", "--end"])
+@pytest.mark.parametrize("link", [False, True])
+def test_topk_command_refuses_an_output_that_is_an_input(tmp_path, flag, link, capsys):
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    end = np.array([5, 3], np.int64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "end.npy", end)
+    target = tmp_path / ("x.npy" if flag == "--input" else "end.npy")
+    out = target
+    if link:  # another name of the same file
+        out = tmp_path / "alias.npz"
+        os.link(target, out)
+    argv = ["topk", "--input", str(tmp_path / "x.npy"), "-k", "2", "--end",
+            str(tmp_path / "end.npy"), "--output", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--output {out}: is the file of {flag}" in err and err.count("\n") == 1, err
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), x)  # neither input rewritten
+    np.testing.assert_array_equal(np.load(tmp_path / "end.npy"), end)
+
+
 def test_topk_command_refuses_outputs_beyond_memory(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(attnkit._arrays, "physical_memory", lambda: 10 << 20)
     np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
