@@ -873,18 +873,25 @@ class CudaFault(Exception):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seconds", type=float, default=60.0,
+                    help="stop drawing new cases after this many seconds (default 60)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="case I is drawn from (seed, I) alone (default 0)")
     ap.add_argument("--device", choices=["cuda", "cpu", "selftest"],
-                    default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--max-elems", type=int, default=2**24)
+                    default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cuda: the CUDA backend against the CPU one on the same bytes; cpu: "
+                         "the CPU backend against the NumPy reference; selftest: the cuda "
+                         "mode's comparison with the CPU backend on both sides (default cuda "
+                         "when torch sees a GPU, else cpu)")
+    ap.add_argument("--max-elems", type=int, default=2**24,
+                    help="most elements (B x N) a case's input holds (default 2^24)")
     ap.add_argument("--case", type=int, default=None, help="replay only this case index")
     ap.add_argument("--cases", type=int, default=None, help="stop after this many cases")
     ap.add_argument("--ref", action="store_true",
                     help="cuda mode: also check the CPU backend against the torch reference")
     ap.add_argument("--threads", type=int, default=None,
                     help="attnkit and torch CPU threads (default: leave as is)")
-    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="print every case's parameters")
     ap.add_argument("--cuda-path", choices=["auto", "cluster", "filter"], default=None,
                     help="sets ATTNKIT_CUDA_TOPK_PATH before the first CUDA call")
     a = ap.parse_args()

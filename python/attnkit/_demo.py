@@ -279,6 +279,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def numpy_simd() -> list:
+    """The x86 SIMD extensions NumPy dispatches to on this CPU (numpy.argpartition and sort take
+    AVX-512 code where the CPU has it, which moves the argpartition baseline several-fold
+    between machines); empty where NumPy does not say."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__ as features
+        except ImportError:
+            return []
+    return [name for name, on in features.items() if on and name.startswith(("AVX", "FMA"))]
+
+
 def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
@@ -587,6 +601,7 @@ def machine_info(device: str, torch) -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "numpy": np.__version__,
+        "numpy_simd": numpy_simd(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device,
     }

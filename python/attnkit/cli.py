@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="attnkit",
         description="attnkit: top-k and related kernels for sparse and linear attention.",
         epilog="Exit codes: 0 success, 1 a demo check failed, 2 usage or input error.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser(

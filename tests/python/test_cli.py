@@ -4,6 +4,7 @@ reported before any work; `attnkit topk` writes what attnkit.topk returns."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,26 @@ def test_demo_json_folder_is_refused_before_the_run(tmp_path, capsys):
     assert cli.main(["demo", "--quick", "--json", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
     assert "is a directory" in err and "checks:" not in out  # no case ran
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"attnkit {attnkit.__version__}"
+
+
+def test_demo_json_records_the_simd_numpy_dispatches_to(tmp_path, capsys):
+    path = tmp_path / "demo.json"
+    assert cli.main(["demo", "--quick", "--cases", "sample-k50-issue", "--no-progress",
+                     "--device", "cpu", "--json", str(path)]) == 0
+    simd = json.loads(path.read_text())["machine"]["numpy_simd"]
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # NumPy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    assert all(features[name] for name in simd), simd
+    assert ("AVX2" in simd) == bool(features.get("AVX2")), simd
 
 
 def test_topk_command_writes_the_op_result(tmp_path, capsys):
