@@ -752,35 +752,47 @@ TEST_F(TopkCuda, AdversarialOrderAndTies) {
 }
 
 // sorted="value" orders each row's kept elements in the kernel that selected them (a radix sort
-// of the keys' range in one CTA): every in-block path (short rows, clusters, the filter with one
-// CTA a row, sliced rows and their merge), kept counts that fill no whole warp or tile, keys
-// spanning every bit of an fp32 score (four passes), a few distinct keys (ties ordered by
-// column) and one key (no pass at all).
-TEST_F(TopkCuda, SmallSortedValueEveryPath) {
-  struct Shape {
-    std::int64_t batch, n, k;
-  };
-  const Shape shapes[] = {{3, 8192, 4096},               // short rows, the most keys sorted
-                          {2, 301, 299},                 // short rows, no whole tile
-                          {1, 131072, 4096},             // one cluster
-                          {rows_past_sms(), 20000, 1000},  // the filter, one CTA a row
-                          {1, std::int64_t{1} << 21, 2048}};  // slices and their merge
-  std::uint64_t seed = 9100;
-  for (const Shape& shape : shapes) {
-    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-      for (Dist d : {Dist::kRawBits, Dist::kTies, Dist::kAllEqual, Dist::kNormal}) {
-        Case c;
-        c.dtype = dtype;
-        c.dist = d;
-        c.batch = shape.batch;
-        c.n = shape.n;
-        c.k = shape.k;
-        c.largest = seed % 2 == 0;
-        c.order = attnkit::TopkOrder::kValue;
-        c.seed = seed++;
-        check_case(c);
-      }
+// of the keys' range in one CTA): kept counts that fill no whole warp or tile, keys spanning
+// every bit of an fp32 score (four passes), a few distinct keys (ties ordered by column) and one
+// key (no pass at all), on every in-block path. Short rows and one cluster here, which the GPU
+// check also runs under racecheck; the filter's rows, slower there, below.
+struct SortedShape {
+  std::int64_t batch, n, k;
+};
+
+void check_sorted_value(const SortedShape& shape, std::uint64_t& seed) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (Dist d : {Dist::kRawBits, Dist::kTies, Dist::kAllEqual, Dist::kNormal}) {
+      Case c;
+      c.dtype = dtype;
+      c.dist = d;
+      c.batch = shape.batch;
+      c.n = shape.n;
+      c.k = shape.k;
+      c.largest = seed % 2 == 0;
+      c.order = attnkit::TopkOrder::kValue;
+      c.seed = seed++;
+      check_case(c);
     }
+  }
+}
+
+TEST_F(TopkCuda, SmallSortedValueEveryPath) {
+  std::uint64_t seed = 9100;
+  for (const SortedShape& shape : {SortedShape{3, 8192, 4096},     // short rows, the most keys
+                                   SortedShape{2, 301, 299},       // short rows, no whole tile
+                                   SortedShape{1, 131072, 4096}}) {  // one cluster
+    check_sorted_value(shape, seed);
+  }
+}
+
+// The filter kernels sort from one survivor list into the other and count in the newcomer list:
+// one CTA a row, and a sliced row's merge.
+TEST_F(TopkCuda, SortedValueFilterRows) {
+  std::uint64_t seed = 9200;
+  for (const SortedShape& shape : {SortedShape{rows_past_sms(), 20000, 1000},
+                                   SortedShape{1, std::int64_t{1} << 21, 2048}}) {
+    check_sorted_value(shape, seed);
   }
 }
 
