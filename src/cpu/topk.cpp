@@ -31,9 +31,12 @@
 #include "cpu/topk_common.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(ATTNKIT_NO_TARGET_CLONES)
-// AVX2 doubles the lanes of the scoring loops; the default clone keeps the library runnable
-// on any x86-64. The loader picks one at startup (ifunc).
-#define ATTNKIT_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+// AVX2 doubles the lanes of the scoring loops, and AVX-512 (x86-64-v4) doubles them again where
+// the CPU has it (the tracked CPU cases 1.02-1.13x on an AVX-512 Xeon, docs/topk.md); the
+// default clone keeps the library runnable on any x86-64. The loader picks one at startup
+// (ifunc).
+#define ATTNKIT_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define ATTNKIT_VECTOR_CLONES
 #endif
