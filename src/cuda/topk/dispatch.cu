@@ -30,8 +30,8 @@ namespace attnkit::detail::cuda {
                                            cudaStream_t);                                    \
   extern template void launch_ranked<Traits>(const TopkPlan&, const TopkKernelParams&,       \
                                              const std::uint64_t*, cudaStream_t);            \
-  extern template int max_cluster_ctas<Traits>(int);                                        \
-  extern template int resident_clusters<Traits>(int, int);                                 \
+  extern template int max_cluster_ctas<Traits>(int, bool);                                  \
+  extern template int resident_clusters<Traits>(int, int, bool);                           \
   extern template int triple_ctas_per_sm<Traits>();
 ATTNKIT_TOPK_EXTERN(Float32Traits)
 ATTNKIT_TOPK_EXTERN(BFloat16Traits)
@@ -89,11 +89,14 @@ class PerDeviceDtype {
 };
 
 /// The largest cluster the cluster kernel runs with for this dtype on this device, with CTAs
-/// of `threads` (kShortThreads or kWideClusterThreads).
+/// of `threads` (kShortThreads or kWideClusterThreads), asked of the kernel p's order takes.
 int cluster_limit(const TopkProblem& p, int threads) {
-  static PerDeviceDtype narrow, wide;
-  return (threads == cuda::kWideClusterThreads ? wide : narrow).get(p, 1, [threads](auto traits) {
-    return cuda::max_cluster_ctas<decltype(traits)>(threads);
+  static PerDeviceDtype narrow, wide, narrow_sorted, wide_sorted;
+  const bool sorted = p.order == TopkOrder::kValue;
+  PerDeviceDtype& cache = threads == cuda::kWideClusterThreads ? (sorted ? wide_sorted : wide)
+                                                               : (sorted ? narrow_sorted : narrow);
+  return cache.get(p, 1, [threads, sorted](auto traits) {
+    return cuda::max_cluster_ctas<decltype(traits)>(threads, sorted);
   });
 }
 
@@ -113,11 +116,12 @@ bool wide_batch_clusters(const TopkProblem& p) {
   // Rows of this range take 5-8 wide CTAs; the count for 8 holds for all (fewer fit no worse).
   static PerDeviceDtype narrow_fit, wide_fit;
   const int narrow = narrow_fit.get(p, 0, [](auto traits) {
-    return cuda::resident_clusters<decltype(traits)>(kMaxClusterCtas, cuda::kWideClusterThreads);
+    return cuda::resident_clusters<decltype(traits)>(kMaxClusterCtas, cuda::kWideClusterThreads,
+                                                     false);
   });
   const int wide = wide_fit.get(p, 0, [](auto traits) {
     return cuda::resident_clusters<decltype(traits)>(kMaxClusterCtas / 2,
-                                                     cuda::kWideClusterThreads);
+                                                     cuda::kWideClusterThreads, false);
   });
   return p.batch > narrow && p.batch <= wide;
 }

@@ -349,11 +349,12 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
 /// keeps resident at once, with the largest k's kept lists (0 where it cannot run them). CTAs
 /// of 512 threads take one SM each, so for them this is also how many clusters of `ctas`
 /// narrow CTAs fit one CTA an SM: a cluster stays within one GPC, and an H200's GPCs hold
-/// seven clusters of 16 such CTAs, or fifteen of 8.
+/// seven clusters of 16 such CTAs, or fifteen of 8. `sorted` asks of the sorted="value" kernel,
+/// whose registers and shared memory can be more.
 template <class Traits>
-int resident_clusters(int ctas, int threads) {
-  const auto kernel = clustered_rows_kernel<Traits>(threads);
-  const std::size_t smem = cluster_smem_bytes<Traits>(kMaxFilterK, threads);
+int resident_clusters(int ctas, int threads, bool sorted) {
+  const auto kernel = clustered_rows_kernel<Traits>(threads, sorted);
+  const std::size_t smem = cluster_smem_bytes<Traits>(kMaxFilterK, threads, sorted);
   allow_clusters(kernel, smem, "cudaFuncSetAttribute");
   const ClusterConfig cluster(ctas, ctas, threads, smem, nullptr);
   int clusters = 0;
@@ -368,10 +369,10 @@ int resident_clusters(int ctas, int threads) {
 /// (kShortThreads or kWideClusterThreads) can run with on the current device: 1 before sm_90,
 /// or when the kernel's code on this device was not compiled for sm_90 or newer (ptxVersion:
 /// e.g. compute_80 PTX compiled at load time on a newer GPU, whose cluster primitives are
-/// single-CTA stand-ins).
+/// single-CTA stand-ins). `sorted` asks of the sorted="value" kernel.
 template <class Traits>
-int max_cluster_ctas(int threads) {
-  const auto kernel = clustered_rows_kernel<Traits>(threads);
+int max_cluster_ctas(int threads, bool sorted) {
+  const auto kernel = clustered_rows_kernel<Traits>(threads, sorted);
   cudaFuncAttributes attributes{};
   cuda_check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
   int device = 0, cluster_launch = 0;
@@ -382,7 +383,7 @@ int max_cluster_ctas(int threads) {
     return 1;
   }
   for (int ctas = kMaxClusterCtas; ctas > 1; --ctas) {
-    if (resident_clusters<Traits>(ctas, threads) > 0) return ctas;
+    if (resident_clusters<Traits>(ctas, threads, sorted) > 0) return ctas;
   }
   return 1;
 }
