@@ -91,11 +91,10 @@ class PerDeviceDtype {
 /// The largest cluster the cluster kernel runs with for this dtype on this device, with CTAs
 /// of `threads` (kShortThreads or kWideClusterThreads), asked of the kernel p's order takes.
 int cluster_limit(const TopkProblem& p, int threads) {
-  static PerDeviceDtype narrow, wide, narrow_sorted, wide_sorted;
+  static PerDeviceDtype cache[2][2];  // [wide][sorted]
   const bool sorted = p.order == TopkOrder::kValue;
-  PerDeviceDtype& cache = threads == cuda::kWideClusterThreads ? (sorted ? wide_sorted : wide)
-                                                               : (sorted ? narrow_sorted : narrow);
-  return cache.get(p, 1, [threads, sorted](auto traits) {
+  const bool wide = threads == cuda::kWideClusterThreads;
+  return cache[wide][sorted].get(p, 1, [threads, sorted](auto traits) {
     return cuda::max_cluster_ctas<decltype(traits)>(threads, sorted);
   });
 }
