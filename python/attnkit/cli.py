@@ -45,12 +45,20 @@ def _one_line(e: BaseException) -> str:
     return text or type(e).__name__
 
 
+# The op's array arguments that `attnkit topk` reads from files, with their flags.
+_FILE_ARRAYS = (("x", "--input"), ("begin", "--begin"), ("end", "--end"),
+                ("index_offset", "--index-offset"))
+
+
+def _file_of(args, name: str) -> Optional[str]:
+    return args.input if name == "x" else getattr(args, name)
+
+
 def _in_cli_terms(message: str, args) -> str:
     """An error of topk in the command's terms: one about an array read from a file led by its
     flag and path, one about a value option by its flag and value."""
-    for name, flag in (("x", "--input"), ("begin", "--begin"), ("end", "--end"),
-                       ("index_offset", "--index-offset")):
-        path = args.input if name == "x" else getattr(args, name)
+    for name, flag in _FILE_ARRAYS:
+        path = _file_of(args, name)
         for lead in (f"topk: {name} ", f"topk: {name}[", f"topk: {name}."):
             if path is not None and message.startswith(lead):
                 return f"{flag} {path}: {message.removeprefix('topk: ')}"
@@ -131,18 +139,17 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
-    for opt in ("input", "begin", "end", "index_offset"):
-        path = getattr(args, opt)
+    for name, flag in _FILE_ARRAYS:
+        path = _file_of(args, name)
         if path and _same_file(args.output, path):
-            flag = "--" + opt.replace("_", "-")
             raise InputError(f"--output {args.output}: is the file of {flag}; writing it would "
                              f"replace that input")
     x = load_npy(args.input, "--input", _arrays.X_DTYPES, (1, 2))
     rows = {}
-    for opt in ("begin", "end", "index_offset"):
-        path = getattr(args, opt)
+    for name, flag in _FILE_ARRAYS[1:]:
+        path = _file_of(args, name)
         if path is not None:
-            rows[opt] = load_npy(path, "--" + opt.replace("_", "-"), _ROW_DTYPES, (1,))
+            rows[name] = load_npy(path, flag, _ROW_DTYPES, (1,))
 
     start = time.perf_counter()
     try:
