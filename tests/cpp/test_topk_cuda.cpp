@@ -28,8 +28,8 @@ using attnkit::TensorView;
 const attnkit::Device kCpu{attnkit::DeviceType::kCPU, 0};
 const attnkit::Device kGpu{attnkit::DeviceType::kCUDA, 0};
 
-enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait, kMostlyNegInf, kSliceBait };
-constexpr int kDists = 13;  // the distributions every-distribution tests cycle (not kSliceBait)
+enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait, kMostlyNegInf, kSliceBait, kBands };
+constexpr int kDists = 13;  // the distributions every-distribution tests cycle (not kSliceBait, kBands)
 
 const char* dist_name(Dist d) {
   switch (d) {
@@ -47,6 +47,7 @@ const char* dist_name(Dist d) {
     case Dist::kSampleBait: return "sample-bait";
     case Dist::kMostlyNegInf: return "99.7%-neg-inf";
     case Dist::kSliceBait: return "slice-bait";
+    case Dist::kBands: return "bands";
   }
   return "?";
 }
@@ -119,6 +120,15 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
           const bool sampled = attnkit::detail::filter_sampled_vector(i / vec, n / vec, per_thread);
           v = sampled ? 1000.0f + 100.0f * normal(rng) : normal(rng);
           bits = to_bits(dtype, v);
+          break;
+        }
+        case Dist::kBands: {  // row b: the bit patterns of 1.0 and the next W - 1 numbers,
+                              // W cycling through widths that give the scores' range every
+                              // number of significant bits around the select's 8-bit digits
+          constexpr std::uint32_t kWidths[] = {1, 2, 200, 256, 257, 3001, 65537, (1u << 20) + 3, 1u << 23};
+          const std::uint32_t w = kWidths[b % 9];
+          const std::uint32_t one = to_bits(dtype, 1.0f);
+          bits = one + static_cast<std::uint32_t>(rng() % (elem == 4 ? w : std::min(w, 0x3000u)));
           break;
         }
         case Dist::kMostlyNegInf: {  // a sampled floor of -inf itself: the prefilter bound
@@ -770,6 +780,33 @@ void check_sorted_value(const SortedShape& shape, std::uint64_t& seed) {
       c.n = shape.n;
       c.k = shape.k;
       c.largest = seed % 2 == 0;
+      c.order = attnkit::TopkOrder::kValue;
+      c.seed = seed++;
+      check_case(c);
+    }
+  }
+}
+
+// Rows whose scores span 0 to 23 bits (kBands), so that the filter's selects, which count
+// 8-bit digits of (score - least score) from the range's top bit down and stop at a digit kept
+// whole, run every number of passes and digits narrower than 8 bits: one CTA a row (each row
+// from a sampled floor) and sliced rows with their merge, both directions.
+TEST_F(TopkCuda, FilterSelectDigitWidths) {
+  std::uint64_t seed = 9300;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (std::int64_t k : {7, 700, 2048}) {
+      Case c;
+      c.dtype = dtype;
+      c.dist = Dist::kBands;
+      c.largest = k != 700;
+      c.batch = rows_past_sms();
+      c.n = 36000;
+      c.k = k;
+      c.seed = seed++;
+      check_case(c);
+      c.batch = 9;  // every width once
+      c.n = 270000;
+      c.largest = !c.largest;
       c.order = attnkit::TopkOrder::kValue;
       c.seed = seed++;
       check_case(c);

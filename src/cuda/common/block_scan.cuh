@@ -19,6 +19,21 @@ __device__ __forceinline__ std::uint32_t warp_inclusive_sum(std::uint32_t v) {
   return v;
 }
 
+/// The least and the greatest of `lo` and `hi` over the warp, in every lane (one `redux.sync`
+/// each from sm_80 on). All 32 lanes must call it.
+__device__ __forceinline__ void warp_min_max(std::uint32_t& lo, std::uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  lo = __reduce_min_sync(0xFFFFFFFFu, lo);
+  hi = __reduce_max_sync(0xFFFFFFFFu, hi);
+#else
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d /= 2) {
+    lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, d));
+    hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, d));
+  }
+#endif
+}
+
 /// Exclusive prefix sum of `v` over the block in thread order, and the block total.
 /// \param warp_totals shared scratch of kThreads / 32 words, reusable once this returns.
 /// Contains two __syncthreads(); every thread of the block must call it.

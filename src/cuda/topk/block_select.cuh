@@ -12,13 +12,14 @@ namespace attnkit::detail::cuda {
 
 /// Shared scratch of select_into: one 256-bin histogram, which warp 0 alone scans and clears
 /// (two barriers a digit instead of one scan over the block's threads), the block scan's warp
-/// totals and the pivot that warp 0 publishes.
+/// totals (also the warps' key bounds) and the pivot that warp 0 publishes.
 template <int kThreads>
 struct SelectScratch {
   alignas(16) std::uint32_t hist[256];
   std::uint32_t warp_totals[32];
   std::uint32_t pivot_digit;
   std::uint32_t pivot_need;
+  std::uint32_t pivot_count;
 };
 
 /// A candidate list in shared memory: key[i] (score) and col[i] (column) for i < n.
@@ -47,36 +48,71 @@ __device__ __forceinline__ Candidates as_shared(Candidates c) {
   return Candidates{as_shared(c.key), as_shared(c.col), c.n};
 }
 
-/// The k-th best key of the concatenation a ++ b (1 <= k <= n = a.n + b.n), a radix select
-/// with 8-bit digits from the top (2 passes for 16-bit keys, 4 for 32-bit ones). A pass counts
-/// the digits into one shared histogram; warp 0 then scans it alone (eight bins a lane, one
-/// warp scan), publishes the digit holding the need-th best and clears the histogram for the
-/// next pass, so a pass costs two barriers. On an H200 this took one CTA of 512 threads from
-/// about 6300 to 3900 cycles over 586 32-bit keys and from 3900 to 2400 over 2048 16-bit keys,
-/// against per-warp histograms summed by 256 threads and a block-wide scan. `need` returns how
-/// many candidates equal to the k-th key are among the best k. Every thread calls it; the lists
-/// must be shared-memory pointers (as_shared). The first barrier publishes the appends that
-/// filled b; the last one follows every read of the lists.
+/// A radix-select threshold of the concatenation a ++ b (1 <= k <= n = a.n + b.n): returns K
+/// and `need` such that the keys > K, with the first `need` keys == K, are the best k. K is
+/// the k-th best key when the passes run down to the last bit; when a pass finds the digit
+/// holding the k-th best kept whole (its count is what is still needed), they stop there,
+/// and K is that digit's least key (at most the k-th best, and every key of the digit is
+/// kept: `need` is the digit's count).
+///
+/// Digits are 8 bits, from the top: of the key for 16-bit keys (two passes at most), of
+/// (key - least key) from the top bit of the keys' range for 32-bit ones. Candidates of a
+/// select beat a threshold and those of a sampled floor start near it, so fp32 candidates
+/// span some 20-24 bits, where a 256-bin digit rarely holds more than a few keys and is often
+/// kept whole: one to three passes instead of four. The range costs a pass over the keys
+/// and a barrier, more than it saves on 16-bit keys: their second pass counts only the
+/// pivot's digit, and the range pass made the bf16 filter shapes 1-7 % slower (run 143). A
+/// pass counts the digits into one shared histogram; warp 0 then scans it alone (eight bins a
+/// lane, one warp scan), publishes the digit holding the need-th best and clears the
+/// histogram for the next pass, so a pass costs two barriers. Every thread calls it; the
+/// lists must be shared-memory pointers (as_shared). The first barrier publishes the appends
+/// that filled b; the last one follows every read of the lists.
 template <int kThreads, int kKeyBits>
 __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Candidates& b,
                                                    std::uint32_t k, SelectScratch<kThreads>& s,
                                                    std::uint32_t& need) {
-  static_assert(kThreads >= 256, "the histogram is cleared by one thread a bin");
+  constexpr int kWarps = kThreads / kWarpSize;
+  static_assert(kThreads >= 256 && kWarps <= 16, "a thread a bin; bounds fit warp_totals");
   static_assert(kKeyBits == 16 || kKeyBits == 32, "keys of 16 or 32 bits");
   const std::uint32_t n = a.n + b.n;
+  auto key_at = [&](std::uint32_t p) { return p < a.n ? a.key[p] : b.key[p - a.n]; };
   // The previous call's last pass left the histogram clear; this covers the first call.
   if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
   __syncthreads();
-  std::uint32_t prefix = 0;
   need = k;
+  std::uint32_t lo = 0;
+  int bits = 16;  // of the range of (key - lo)
+  if constexpr (kKeyBits == 32) {
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    std::uint32_t hi = 0;
+    lo = 0xFFFFFFFFu;
+    for (std::uint32_t p = threadIdx.x; p < n; p += kThreads) {
+      const std::uint32_t key = key_at(p);
+      lo = min(lo, key);
+      hi = max(hi, key);
+    }
+    warp_min_max(lo, hi);
+    if (lane == 0) s.warp_totals[warp] = lo, s.warp_totals[16 + warp] = hi;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) lo = min(lo, s.warp_totals[w]), hi = max(hi, s.warp_totals[16 + w]);
+    bits = 32 - __clz(static_cast<int>(hi - lo));
+    if (bits == 0) {  // one key
+      __syncthreads();  // the bounds are read before warp_totals is reused
+      return lo;
+    }
+  }
+  std::uint32_t prefix = 0;  // bits of (key - lo) fixed so far: those >= above
+  int above = 32;
+  int shift = bits > 8 ? bits - 8 : 0;
 #pragma unroll
   for (int pass = 0; pass < kKeyBits / 8; ++pass) {
-    const int shift = kKeyBits - 8 * (pass + 1);
-    const int above_shift = pass == 0 ? 0 : shift + 8;  // bits fixed by earlier passes
+    // A digit narrower than 8 bits (the last, or the first of a range of fewer than 8) reads
+    // fixed bits above it too: equal for every key counted, they only offset the bins.
     for (std::uint32_t p = threadIdx.x; p < n; p += kThreads) {
-      const std::uint32_t key = p < a.n ? a.key[p] : b.key[p - a.n];
-      if (pass == 0 || (key >> above_shift) == (prefix >> above_shift)) {
-        atomicAdd(&s.hist[(key >> shift) & 0xFFu], 1u);
+      const std::uint32_t rel = key_at(p) - lo;
+      if (pass == 0 || (rel >> above) == (prefix >> above)) {
+        atomicAdd(&s.hist[(rel >> shift) & 0xFFu], 1u);
       }
     }
     __syncthreads();
@@ -84,21 +120,22 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
       // Lane l owns digits 255 - 8l down to 248 - 8l, the words [248 - 8l, 256 - 8l).
       const int lane = static_cast<int>(threadIdx.x);
       uint4* bins = reinterpret_cast<uint4*>(s.hist + 248 - 8 * lane);
-      const uint4 lo = bins[0], hi = bins[1];
-      const std::uint32_t c[8] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};  // digit desc.
+      const uint4 lo4 = bins[0], hi4 = bins[1];
+      const std::uint32_t c[8] = {hi4.w, hi4.z, hi4.y, hi4.x, lo4.w, lo4.z, lo4.y, lo4.x};  // digit desc.
       std::uint32_t count = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) count += c[j];
       const std::uint32_t inclusive = warp_inclusive_sum(count);
-      std::uint32_t above = inclusive - count;  // candidates of higher digits
-      if (above < need && need <= inclusive) {
+      std::uint32_t before = inclusive - count;  // candidates of higher digits
+      if (before < need && need <= inclusive) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if (above < need && need <= above + c[j]) {
+          if (before < need && need <= before + c[j]) {
             s.pivot_digit = static_cast<std::uint32_t>(255 - 8 * lane - j);
-            s.pivot_need = need - above;
+            s.pivot_need = need - before;
+            s.pivot_count = c[j];
           }
-          above += c[j];
+          before += c[j];
         }
       }
       bins[0] = make_uint4(0, 0, 0, 0);
@@ -109,15 +146,19 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
     __syncthreads();
     prefix |= s.pivot_digit << shift;
     need = s.pivot_need;
+    if (shift == 0 || need == s.pivot_count) break;  // uniform
+    above = shift;
+    shift = shift > 8 ? shift - 8 : 0;
   }
-  return prefix;
+  return lo + prefix;
 }
 
 /// Keeps the best k of the concatenation a ++ b (n = a.n + b.n > k >= 1), written in order to
-/// out_key/out_col (which overlap neither), and returns the k-th best key. Best = larger key, then lower
+/// out_key/out_col (which overlap neither), and returns radix_kth's threshold: the k-th best key
+/// or less, with nothing kept below it and nothing above it dropped. Best = larger key, then lower
 /// column; a ++ b is in column order, so the lowest-index ties are the first ones met.
 ///
-/// radix_kth finds the k-th key K and how many candidates equal to K are kept; each thread
+/// radix_kth finds a threshold K and how many candidates equal to K are kept; each thread
 /// then takes an odd-length run of the concatenation (odd, so that the threads' reads fall in
 /// distinct banks), and one block scan of packed (greater, equal) counts gives every run its
 /// output position. Candidates never have key 0 (excluded scores are never admitted).
@@ -207,11 +248,7 @@ __device__ Candidates sort_best_first(Candidates a, Candidates b, std::uint32_t*
   for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
     if (p < n) lo = min(lo, src.key[p]), hi = max(hi, src.key[p]);
   }
-#pragma unroll
-  for (int d = kWarpSize / 2; d > 0; d /= 2) {
-    lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, d));
-    hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, d));
-  }
+  warp_min_max(lo, hi);
   if (lane == 0) warp_totals[warp] = lo, warp_totals[16 + warp] = hi;
   __syncthreads();
 #pragma unroll
