@@ -48,28 +48,70 @@ __device__ __forceinline__ Candidates as_shared(Candidates c) {
   return Candidates{as_shared(c.key), as_shared(c.col), c.n};
 }
 
-/// A radix-select threshold of the concatenation a ++ b (1 <= k <= n = a.n + b.n): returns K
-/// and `need` such that the keys > K, with the first `need` keys == K, are the best k. K is
-/// the k-th best key when the passes run down to the last bit; when a pass finds the digit
-/// holding the k-th best kept whole (its count is what is still needed), they stop there,
-/// and K is that digit's least key (at most the k-th best, and every key of the digit is
-/// kept: `need` is the digit's count).
+/// Warp 0 scans the select's 256-bin histogram (counts by digit, best digit last): lane l owns
+/// digits 255 - 8l down to 248 - 8l, the words [248 - 8l, 256 - 8l), and one warp scan finds
+/// the digit holding the need-th best; it publishes that digit, need less the count above it
+/// and the digit's count in s.pivot_digit / pivot_need / pivot_count, and clears the
+/// histogram for the next pass. Every thread calls it after the barrier that completes the
+/// histogram; it ends with the barrier that publishes the pivot.
+template <int kThreads>
+__device__ __forceinline__ void publish_pivot(SelectScratch<kThreads>& s, std::uint32_t need) {
+  if (threadIdx.x < kWarpSize) {
+    const int lane = static_cast<int>(threadIdx.x);
+    uint4* bins = reinterpret_cast<uint4*>(s.hist + 248 - 8 * lane);
+    const uint4 lo4 = bins[0], hi4 = bins[1];
+    const std::uint32_t c[8] = {hi4.w, hi4.z, hi4.y, hi4.x, lo4.w, lo4.z, lo4.y, lo4.x};  // digit desc.
+    std::uint32_t count = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) count += c[j];
+    const std::uint32_t inclusive = warp_inclusive_sum(count);
+    std::uint32_t before = inclusive - count;  // candidates of higher digits
+    if (before < need && need <= inclusive) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (before < need && need <= before + c[j]) {
+          s.pivot_digit = static_cast<std::uint32_t>(255 - 8 * lane - j);
+          s.pivot_need = need - before;
+          s.pivot_count = c[j];
+        }
+        before += c[j];
+      }
+    }
+    bins[0] = make_uint4(0, 0, 0, 0);
+    bins[1] = make_uint4(0, 0, 0, 0);
+  }
+  // Every thread reads the pivot before it arrives at the next pass's barrier, after which
+  // warp 0 rewrites it.
+  __syncthreads();
+}
+
+/// A radix-select threshold of the concatenation a ++ b (1 <= k <= n = a.n + b.n), whose keys
+/// are all at least `base` (0 when no bound is known): returns K and `need` such that the keys
+/// > K, with the first `need` keys == K, are the best k. K is the k-th best key when the passes
+/// run down to the last bit; when a pass finds the digit holding the k-th best kept whole (its
+/// count is what is still needed), they stop there, and K is that digit's least key (at most
+/// the k-th best, and every key of the digit is kept: `need` is the digit's count).
 ///
-/// Digits are 8 bits, from the top: of the key for 16-bit keys (two passes at most), of
-/// (key - least key) from the top bit of the keys' range for 32-bit ones. Candidates of a
-/// select beat a threshold and those of a sampled floor start near it, so fp32 candidates
-/// span some 20-24 bits, where a 256-bin digit rarely holds more than a few keys and is often
-/// kept whole: one to three passes instead of four. The range costs a pass over the keys
-/// and a barrier, more than it saves on 16-bit keys: their second pass counts only the
-/// pivot's digit, and the range pass made the bf16 filter shapes 1-7 % slower (run 143). A
-/// pass counts the digits into one shared histogram; warp 0 then scans it alone (eight bins a
-/// lane, one warp scan), publishes the digit holding the need-th best and clears the
-/// histogram for the next pass, so a pass costs two barriers. Every thread calls it; the
-/// lists must be shared-memory pointers (as_shared). The first barrier publishes the appends
-/// that filled b; the last one follows every read of the lists.
+/// Digits are 8 bits. Candidates of a select beat a threshold (`base`) and those of a sampled
+/// floor start near it, so their range is narrow:
+/// - 16-bit keys with base > 0: one pass over min(key - base, 255), a bin a score, gives the
+///   k-th best exactly unless it lies 255 or more scores above base (16-bit scores above a
+///   floor usually span 100-200); only then the two passes below follow, over those keys.
+/// - 16-bit keys otherwise: two passes, the key's top byte then its low one.
+/// - 32-bit keys: digits of (key - least key) from the top bit of their range: fp32
+///   candidates span some 20-24 bits, where a 256-bin digit rarely holds more than a few keys
+///   and is often kept whole: one to three passes instead of four. The range costs a read of
+///   the keys and a barrier, more than it saves on 16-bit keys, whose second pass counts only
+///   the pivot digit's keys: read for 16-bit keys too, it made the bf16 filter shapes 1-7 %
+///   slower (run 143).
+/// A pass counts the digits into one shared histogram that warp 0 scans (publish_pivot), so
+/// it costs two barriers. Every thread calls it; the lists must be shared-memory pointers
+/// (as_shared). The first barrier publishes the appends that filled b; the last one follows
+/// every read of the lists.
 template <int kThreads, int kKeyBits>
 __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Candidates& b,
-                                                   std::uint32_t k, SelectScratch<kThreads>& s,
+                                                   std::uint32_t k, std::uint32_t base,
+                                                   SelectScratch<kThreads>& s,
                                                    std::uint32_t& need) {
   constexpr int kWarps = kThreads / kWarpSize;
   static_assert(kThreads >= 256 && kWarps <= 16, "a thread a bin; bounds fit warp_totals");
@@ -81,8 +123,21 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
   __syncthreads();
   need = k;
   std::uint32_t lo = 0;
+  std::uint32_t least = 0;  // 16-bit keys: only keys >= least take part in the passes
   int bits = 16;  // of the range of (key - lo)
-  if constexpr (kKeyBits == 32) {
+  if constexpr (kKeyBits == 16) {
+    if (base != 0) {
+      for (std::uint32_t p = threadIdx.x; p < n; p += kThreads) {
+        atomicAdd(&s.hist[min(key_at(p) - base, 255u)], 1u);
+      }
+      __syncthreads();
+      publish_pivot(s, need);
+      need = s.pivot_need;
+      if (s.pivot_digit < 255) return base + s.pivot_digit;  // uniform
+      least = base + 255;  // the best k all score at least that
+    }
+  } else {
+    (void)base;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     std::uint32_t hi = 0;
     lo = 0xFFFFFFFFu;
@@ -110,47 +165,22 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
     // A digit narrower than 8 bits (the last, or the first of a range of fewer than 8) reads
     // fixed bits above it too: equal for every key counted, they only offset the bins.
     for (std::uint32_t p = threadIdx.x; p < n; p += kThreads) {
-      const std::uint32_t rel = key_at(p) - lo;
-      if (pass == 0 || (rel >> above) == (prefix >> above)) {
+      const std::uint32_t key = key_at(p), rel = key - lo;
+      if ((pass == 0 || (rel >> above) == (prefix >> above)) && (kKeyBits == 32 || key >= least)) {
         atomicAdd(&s.hist[(rel >> shift) & 0xFFu], 1u);
       }
     }
     __syncthreads();
-    if (threadIdx.x < kWarpSize) {
-      // Lane l owns digits 255 - 8l down to 248 - 8l, the words [248 - 8l, 256 - 8l).
-      const int lane = static_cast<int>(threadIdx.x);
-      uint4* bins = reinterpret_cast<uint4*>(s.hist + 248 - 8 * lane);
-      const uint4 lo4 = bins[0], hi4 = bins[1];
-      const std::uint32_t c[8] = {hi4.w, hi4.z, hi4.y, hi4.x, lo4.w, lo4.z, lo4.y, lo4.x};  // digit desc.
-      std::uint32_t count = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) count += c[j];
-      const std::uint32_t inclusive = warp_inclusive_sum(count);
-      std::uint32_t before = inclusive - count;  // candidates of higher digits
-      if (before < need && need <= inclusive) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (before < need && need <= before + c[j]) {
-            s.pivot_digit = static_cast<std::uint32_t>(255 - 8 * lane - j);
-            s.pivot_need = need - before;
-            s.pivot_count = c[j];
-          }
-          before += c[j];
-        }
-      }
-      bins[0] = make_uint4(0, 0, 0, 0);
-      bins[1] = make_uint4(0, 0, 0, 0);
-    }
-    // Every thread reads the pivot before it arrives at the next pass's barrier, after which
-    // warp 0 rewrites it.
-    __syncthreads();
+    publish_pivot(s, need);
     prefix |= s.pivot_digit << shift;
     need = s.pivot_need;
     if (shift == 0 || need == s.pivot_count) break;  // uniform
     above = shift;
     shift = shift > 8 ? shift - 8 : 0;
   }
-  return lo + prefix;
+  // A digit kept whole may reach below `least`, whose keys were not counted: K is then least
+  // (every key at or above it is kept; those equal to it number at most the digit's count).
+  return max(lo + prefix, least);
 }
 
 /// Keeps the best k of the concatenation a ++ b (n = a.n + b.n > k >= 1), written in order to
@@ -166,7 +196,8 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
 template <int kThreads, int kKeyBits>
 __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
                                                   std::uint32_t* out_key, std::uint32_t* out_col,
-                                                  std::uint32_t k, SelectScratch<kThreads>& s) {
+                                                  std::uint32_t k, std::uint32_t base,
+                                                  SelectScratch<kThreads>& s) {
   a = as_shared(a);
   b = as_shared(b);
   out_key = as_shared(out_key);
@@ -175,7 +206,7 @@ __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
   auto key_at = [&](std::uint32_t p) { return p < a.n ? a.key[p] : b.key[p - a.n]; };
   auto col_at = [&](std::uint32_t p) { return p < a.n ? a.col[p] : b.col[p - a.n]; };
   std::uint32_t need;
-  const std::uint32_t kth = radix_kth<kThreads, kKeyBits>(a, b, k, s, need);
+  const std::uint32_t kth = radix_kth<kThreads, kKeyBits>(a, b, k, base, s, need);
   // The first `need` candidates equal to kth are kept.
 
   std::uint32_t run = (n + kThreads - 1) / kThreads;

@@ -327,7 +327,7 @@ struct FilterEngine {
     std::uint32_t need;
     sample.n = samples;
     const std::uint32_t f = radix_kth<kThreads, Traits::kBits>(
-        sample, Candidates{sample.key, sample.col, 0}, rank, scratch, need);
+        sample, Candidates{sample.key, sample.col, 0}, rank, 0, scratch, need);
     if (f > kExcludedScore + 1) {  // below that, it excludes nothing
       set_threshold(f - 1);
       floored = true;
@@ -359,7 +359,7 @@ struct FilterEngine {
   __device__ void select() {
     const Candidates out = spare();
     set_threshold(select_into<kThreads, Traits::kBits>(survivors(), newcomers(), out.key, out.col,
-                                                        k, scratch));
+                                                        k, threshold, scratch));
     current ^= 1u;
     survivors_n = k;
     newcomers_n = 0;
