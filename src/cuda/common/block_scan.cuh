@@ -34,6 +34,22 @@ __device__ __forceinline__ void warp_min_max(std::uint32_t& lo, std::uint32_t& h
 #endif
 }
 
+/// The least and the greatest of every thread's `lo` and `hi` over the block, in every thread.
+/// \param warp_totals shared scratch of 32 words (at most 16 warps); the caller's next barrier
+/// must come before it is written again. Contains one __syncthreads(); every thread calls it.
+template <int kThreads>
+__device__ __forceinline__ void block_min_max(std::uint32_t& lo, std::uint32_t& hi,
+                                              std::uint32_t* warp_totals) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  static_assert(kThreads % kWarpSize == 0 && kWarps <= 16, "whole warps, at most 16");
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  warp_min_max(lo, hi);
+  if (lane == 0) warp_totals[warp] = lo, warp_totals[16 + warp] = hi;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) lo = min(lo, warp_totals[w]), hi = max(hi, warp_totals[16 + w]);
+}
+
 /// Exclusive prefix sum of `v` over the block in thread order, and the block total.
 /// \param warp_totals shared scratch of kThreads / 32 words, reusable once this returns.
 /// Contains two __syncthreads(); every thread of the block must call it.

@@ -116,8 +116,7 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
                                                    std::uint32_t k, std::uint32_t base,
                                                    SelectScratch<kThreads>& s,
                                                    std::uint32_t& need) {
-  constexpr int kWarps = kThreads / kWarpSize;
-  static_assert(kThreads >= 256 && kWarps <= 16, "a thread a bin; bounds fit warp_totals");
+  static_assert(kThreads >= 256, "the histogram is cleared by one thread a bin");
   static_assert(kKeyBits == 16 || kKeyBits == 32, "keys of 16 or 32 bits");
   const std::uint32_t n = a.n + b.n;
   auto key_at = [&](std::uint32_t p) { return p < a.n ? a.key[p] : b.key[p - a.n]; };
@@ -141,7 +140,6 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
     }
   } else {
     (void)base;
-    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     std::uint32_t hi = 0;
     lo = 0xFFFFFFFFu;
     for (std::uint32_t p = threadIdx.x; p < n; p += kThreads) {
@@ -149,11 +147,7 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
       lo = min(lo, key);
       hi = max(hi, key);
     }
-    warp_min_max(lo, hi);
-    if (lane == 0) s.warp_totals[warp] = lo, s.warp_totals[16 + warp] = hi;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) lo = min(lo, s.warp_totals[w]), hi = max(hi, s.warp_totals[16 + w]);
+    block_min_max<kThreads>(lo, hi, s.warp_totals);
     bits = 32 - __clz(static_cast<int>(hi - lo));
     if (bits == 0) {  // one key
       __syncthreads();  // the bounds are read before warp_totals is reused
@@ -282,11 +276,7 @@ __device__ Candidates sort_best_first(Candidates a, Candidates b, std::uint32_t*
   for (std::uint32_t j = 0, p = first; j < tiles; ++j, p += kWarpSize) {
     if (p < n) lo = min(lo, src.key[p]), hi = max(hi, src.key[p]);
   }
-  warp_min_max(lo, hi);
-  if (lane == 0) warp_totals[warp] = lo, warp_totals[16 + warp] = hi;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) lo = min(lo, warp_totals[w]), hi = max(hi, warp_totals[16 + w]);
+  block_min_max<kThreads>(lo, hi, warp_totals);
   const std::uint32_t range = hi - lo;
   if (range == 0) {  // one key: column order is the order
     __syncthreads();   // the bounds are read before warp_totals is reused
