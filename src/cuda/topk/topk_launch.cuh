@@ -106,6 +106,9 @@ struct BufferPlan {
   std::size_t smem() const { return std::size_t{8} * (2 * survivor_slots + newcomer_slots); }
 };
 
+/// The most kept slots for which 16-bit short rows take a candidate list (topk_short.cuh).
+constexpr std::uint32_t kShortListSlots = 2048;
+
 /// Dynamic shared memory of the short-row kernel: the kept keys and columns, and as many again
 /// for the sort with sorted="value".
 inline std::size_t kept_list_bytes(std::uint32_t survivor_slots, bool sorted = false) {
@@ -302,8 +305,15 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     return;
   }
   if (plan.path == TopkPath::kShort) {
-    p.survivor_slots = plan.rows.survivor_slots;
-    const std::size_t smem = kept_list_bytes(plan.rows.survivor_slots, p.sort_by_value);
+    // At least two slots, so that the candidate list (at 2 x slots words) is 16-byte aligned.
+    const std::uint32_t slots = std::max<std::uint32_t>(plan.rows.survivor_slots, 2);
+    p.survivor_slots = slots;
+    // 16-bit rows list their candidates where the sort's spare lists go, 2 x slots words; up
+    // to kShortListSlots those keep four CTAs an SM (the registers' limit), beyond they would
+    // cost one, so such rows resolve in the registers unless the sort takes the space anyway.
+    const bool list = Traits::kBits == 16 && (p.sort_by_value || slots <= kShortListSlots);
+    p.candidate_words = list ? 2 * slots : 0;
+    const std::size_t smem = kept_list_bytes(slots, p.sort_by_value || list);
     launch(topk_short_rows_kernel<Traits, kShortThreads, kShortPerThread>, plan.batch,
            kShortThreads, smem, stream, p, "topk_short_rows_kernel");
     return;

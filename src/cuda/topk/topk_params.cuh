@@ -46,6 +46,9 @@ struct TopkKernelParams {
   std::uint32_t limit;           // survivors + newcomers that trigger a select
   std::uint32_t survivor_slots;  // per survivor list: next power of two >= k_select
   std::uint32_t newcomer_slots;  // limit + one round of appends
+  // Short rows of 16-bit scores: words of the candidate list (0: no list, the registers are
+  // resolved in place; topk_short_rows_kernel).
+  std::uint32_t candidate_words;
 
   // Row slicing (1 <= slices <= kMaxSlices; > 1 for small batches): each slice's best
   // k_select go to slice_key/slice_col, at slot_stride slots a slice.

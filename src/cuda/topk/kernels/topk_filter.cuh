@@ -740,40 +740,51 @@ __device__ __forceinline__ std::uint32_t kept_value_bits(const typename Traits::
 /// Writes the n kept slots of row b: indices as Index, values (when returned) from the scores
 /// (bits_of_score); only zeros and NaNs, whose scores several bit patterns share, are read back
 /// from x, so most slots skip that load's latency. 32-bit slot numbers and row pointers set up
-/// once keep the per-slot work to a few instructions.
-template <class Traits, int kThreads, class Index>
+/// once keep the per-slot work to a few instructions. Slot j's column is col_at(j), its score
+/// score_at(j).
+template <class Traits, int kThreads, class Index, class ColAt, class ScoreAt>
 __device__ __forceinline__ void write_kept(const TopkKernelParams& p, std::int64_t b,
-                                           const Candidates& c, std::int64_t offset) {
+                                           std::uint32_t n, std::int64_t offset, ColAt col_at,
+                                           ScoreAt score_at) {
   using Bits = typename Traits::Bits;
   const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   Index* indices = static_cast<Index*>(p.indices) + b * p.indices_row_stride;
   Bits* values = p.values != nullptr ? static_cast<Bits*>(p.values) + b * p.values_row_stride : nullptr;
-  for (std::uint32_t j = threadIdx.x; j < c.n; j += kThreads) {
-    const std::uint32_t col = c.col[j];
+  for (std::uint32_t j = threadIdx.x; j < n; j += kThreads) {
+    const std::uint32_t col = col_at(j);
     if constexpr (sizeof(Index) == 8) {
       indices[j] = offset_index64(col, offset);
     } else {
       indices[j] = offset_index32(col, offset);
     }
     if (values != nullptr) {
-      values[j] = static_cast<Bits>(kept_value_bits<Traits>(row, c.key[j], col, p.sp));
+      values[j] = static_cast<Bits>(kept_value_bits<Traits>(row, score_at(j), col, p.sp));
     }
+  }
+}
+
+/// Writes row b's outputs, the n kept slots (write_kept) then the padding.
+template <class Traits, int kThreads, class ColAt, class ScoreAt>
+__device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, std::uint32_t n,
+                              ColAt col_at, ScoreAt score_at) {
+  const std::int64_t offset =
+      load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
+  if (p.indices_int64) {
+    write_kept<Traits, kThreads, std::int64_t>(p, b, n, offset, col_at, score_at);
+  } else {
+    write_kept<Traits, kThreads, std::int32_t>(p, b, n, offset, col_at, score_at);
+  }
+  for (std::int64_t j = n + threadIdx.x; j < p.k; j += kThreads) {
+    write_slot_bits<Traits>(p, b, j, false, 0u, offset, 0u);
   }
 }
 
 /// Writes row b's outputs from the finished candidates (keys are scores), then the padding.
 template <class Traits, int kThreads>
 __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const Candidates& c) {
-  const std::int64_t offset =
-      load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
-  if (p.indices_int64) {
-    write_kept<Traits, kThreads, std::int64_t>(p, b, c, offset);
-  } else {
-    write_kept<Traits, kThreads, std::int32_t>(p, b, c, offset);
-  }
-  for (std::int64_t j = c.n + threadIdx.x; j < p.k; j += kThreads) {
-    write_slot_bits<Traits>(p, b, j, false, 0u, offset, 0u);
-  }
+  write_outputs<Traits, kThreads>(
+      p, b, c.n, [&](std::uint32_t j) { return c.col[j]; },
+      [&](std::uint32_t j) { return c.key[j]; });
 }
 
 /// Carves the dynamic shared memory and builds the engine.

@@ -99,12 +99,111 @@ __device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, std::
   __syncthreads();
 }
 
+/// n + (w >= bound): a comparison and a predicated add, where the compiler's own form of the
+/// count takes three instructions.
+__device__ __forceinline__ std::uint32_t count_at_least(std::uint32_t n, std::uint32_t w,
+                                                        std::uint32_t bound) {
+  asm("{\n\t.reg .pred p;\n\tsetp.ge.u32 p, %1, %2;\n\t@p add.u32 %0, %0, 1;\n\t}"
+      : "+r"(n)
+      : "r"(w), "r"(bound));
+  return n;
+}
+
+/// When w > floor, stores w at the shared-memory address `at` and advances `at` by a word:
+/// three instructions, where the compiler derives each address from a count (six). The test is
+/// `>` against the bound less one so that ptxas does not share it with count_at_least's, which
+/// keeps each element's flag in a register bit between the two loops (four more instructions).
+__device__ __forceinline__ void append_if_above(std::uint32_t& at, std::uint32_t w,
+                                                std::uint32_t floor) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.gt.u32 p, %1, %2;\n\t@p st.shared.u32 [%0], %1;\n\t"
+      "@p add.u32 %0, %0, 4;\n\t}"
+      : "+r"(at)
+      : "r"(w), "r"(floor)
+      : "memory");
+}
+
+/// Resolves the candidate list of the 16-bit path of topk_short_rows_kernel: leaves the kept
+/// words, in column order, in `kept_words` and returns their count. `list` holds `listed`
+/// words (score << 16 | column - lo) in column order: every candidate whose first digit is
+/// `digit` or above (those above it, k_select - need in all, are all kept), or, with
+/// `all_kept`, every valid element. The `need` best of the pivot digit's candidates are found
+/// from a 32-bin histogram of their low 5 score bits (`s.hist`, cleared by the caller); the
+/// kept words then follow as in the registers' placement, from one block scan of packed
+/// (greater, equal) counts. Thread t takes the entries [t * per, (t + 1) * per), per being
+/// four times an odd number, so that a warp's 16-byte loads hit distinct banks. Every thread
+/// calls it; ends with a barrier.
+template <int kThreads>
+__device__ std::uint32_t resolve_short_list(const std::uint32_t* list, std::uint32_t listed,
+                                            bool all_kept, std::uint32_t digit,
+                                            std::uint32_t need, std::uint32_t* kept_words,
+                                            ShortScratch& s) {
+  const std::uint32_t quads = (listed + 4 * kThreads - 1) / (4 * kThreads) | 1u;
+  const std::uint32_t first = threadIdx.x * 4 * quads;
+  // Visits this thread's entries; past `listed` they read as word 0 (score 0, not a candidate).
+  auto for_each_entry = [&](auto&& visit) {
+    for (std::uint32_t v = 0; v < quads; ++v) {
+      const std::uint32_t at = first + 4 * v;
+      if (at >= listed) break;
+      // In bounds: `at` and the capacity are multiples of four, and at < listed <= capacity.
+      const uint4 q = *reinterpret_cast<const uint4*>(list + at);
+      const std::uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) visit(at + u < listed ? w[u] : 0u);
+    }
+  };
+  std::uint32_t kth = 0, keep_equal = 0;  // with all_kept every listed score beats 0
+  if (!all_kept) {
+    for_each_entry([&](std::uint32_t w) {
+      if (w >> 21 == digit) atomicAdd(&s.hist[(w >> 16) & 31u], 1u);
+    });
+    __syncthreads();
+    find_pivot_digit<kThreads, 32>(s.pivot, s.hist, need);
+    kth = digit << 5 | s.pivot.digit;
+    keep_equal = s.pivot.need;
+  }
+  std::uint32_t greater = 0, equal = 0;
+  for_each_entry([&](std::uint32_t w) {
+    greater += w >> 16 > kth;
+    equal += w >> 16 == kth;
+  });
+  if (all_kept) equal = 0;
+  std::uint32_t total;
+  const std::uint32_t before =
+      block_exclusive_sum<kThreads>(greater << 16 | equal, s.pivot.warp_totals, total);
+  const std::uint32_t equal_before = before & 0xFFFFu;
+  std::uint32_t pos = (before >> 16) + min(equal_before, keep_equal);
+  if (equal_before >= keep_equal || equal_before + equal <= keep_equal) {
+    // All of this thread's ties are kept, or none (every thread but the one holding the last
+    // kept tie): one comparison an entry.
+    const std::uint32_t bound = equal_before >= keep_equal ? kth + 1 : kth;
+    for_each_entry([&](std::uint32_t w) {
+      if (w >> 16 >= bound) kept_words[pos++] = w;
+    });
+  } else {
+    std::uint32_t equal_seen = equal_before;
+    for_each_entry([&](std::uint32_t w) {
+      const bool is_equal = w >> 16 == kth;
+      if (w >> 16 > kth || (is_equal && equal_seen < keep_equal)) kept_words[pos++] = w;
+      equal_seen += is_equal;
+    });
+  }
+  __syncthreads();
+  return (total >> 16) + min(total & 0xFFFFu, keep_equal);
+}
+
 template <class Traits, int kThreads, int kPerThread>
 __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
   static_assert(kPerThread % kVec == 0, "whole vectors per thread");
-  // Kept keys and columns, [2][slots], then as many for the sort with sorted="value".
+  constexpr int kKeyBits = Traits::kBits;
+  // 16-bit scores are held as words (score << 16 | column - lo): a row of up to 8192 columns
+  // leaves the low 16 bits to the column, so a candidate is stored with one shared store.
+  constexpr int kLow = kKeyBits == 16 ? 16 : 0;
+  static_assert(kKeyBits == 32 || kThreads * kPerThread <= 65536, "columns in 16 bits");
+  // Kept keys and columns, [2][slots], then as many for the sort with sorted="value" (the
+  // candidate words of 16-bit rows go there first).
   extern __shared__ __align__(16) std::uint32_t smem[];
   __shared__ ShortScratch s;
 
@@ -114,11 +213,14 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   const int tid = threadIdx.x;
   const std::int64_t c0 = lo + static_cast<std::int64_t>(tid) * kPerThread;
+  const std::uint32_t rel0 = static_cast<std::uint32_t>(tid) * kPerThread;  // c0 - lo
+  const std::uint32_t rel_pair = rel0 << 16 | rel0;
   // This thread's columns in [lo, hi) are c0 .. c0 + valid - 1. The per-element work below
   // tests no column bounds: they cost more instructions than the scores themselves.
   const std::int64_t rest = hi - c0;
   const int valid = rest <= 0 ? 0 : (rest >= kPerThread ? kPerThread : static_cast<int>(rest));
 
+  // sc[i]: the score of column c0 + i, shifted left by kLow with the column's offset below.
   std::uint32_t sc[kPerThread];
   if (reinterpret_cast<std::uintptr_t>(row + lo) % 16 == 0) {
 #pragma unroll
@@ -130,12 +232,15 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
       } else if (first < valid) {  // the row's last, partial vector: only its real elements
         data = load_vector_prefix<kVec>(row + c0 + first, valid - first);
       }
-      if constexpr (Traits::kBits == 16) {
+      if constexpr (kKeyBits == 16) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           const std::uint32_t pair = score_pair_of<Traits>(vector_word(data, w), p.sp);
-          sc[first + 2 * w] = pair & 0xFFFFu;
-          sc[first + 2 * w + 1] = pair >> 16;
+          const int i = first + 2 * w;
+          // Both columns' offsets in one word (one add a pair), then one byte permute each.
+          const std::uint32_t rels = rel_pair + (static_cast<std::uint32_t>(i + 1) << 16 | i);
+          sc[i] = __byte_perm(pair, rels, 0x1054);      // low half over the first column
+          sc[i + 1] = __byte_perm(pair, rels, 0x3276);  // high half over the second
         }
       } else {
 #pragma unroll
@@ -144,7 +249,10 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) sc[i] = score_of<Traits>(i < valid ? row[c0 + i] : Bits{0}, p.sp);
+    for (int i = 0; i < kPerThread; ++i) {
+      const std::uint32_t score = score_of<Traits>(i < valid ? row[c0 + i] : Bits{0}, p.sp);
+      sc[i] = kLow > 0 ? score << kLow | (rel0 + i) : score;
+    }
   }
   if (valid < kPerThread) {
 #pragma unroll
@@ -153,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   if (p.nan_flag != nullptr) {  // nan="raise": only a NaN has nan_score, and it is not 0
     bool any_nan = false;
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) any_nan |= sc[i] == p.sp.nan_score;
+    for (int i = 0; i < kPerThread; ++i) any_nan |= sc[i] >> kLow == p.sp.nan_score;
     if (__syncthreads_or(any_nan) && tid == 0) *p.nan_flag = 1;
   }
 
@@ -161,9 +269,11 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   // score is at least 0x7E for 16-bit types and 0x7FFFFE for fp32 (docs/topk.md "Scores"), so
   // the first pass's bin 0 holds only excluded scores: it counts every element unconditionally
   // and the pivot search starts at bin 1.
-  constexpr int kKeyBits = Traits::kBits;
   constexpr int kPasses = kKeyBits == 16 ? 2 : 3;
   constexpr int kWidth[3] = {11, kKeyBits == 16 ? 5 : 11, 10};
+  const std::uint32_t slots = p.survivor_slots;
+  std::uint32_t* key = smem;
+  std::uint32_t* col = smem + slots;
   std::uint32_t prefix = 0, need = p.k_select;
   bool all_kept = false;
   int shift = kKeyBits;
@@ -177,13 +287,14 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     if (pass == 0) {
       if (valid > 0) {
 #pragma unroll
-        for (int i = 0; i < kPerThread; ++i) atomicAdd(&s.hist[sc[i] >> shift], 1u);
+        for (int i = 0; i < kPerThread; ++i) atomicAdd(&s.hist[sc[i] >> (shift + kLow)], 1u);
       }
     } else {
       const std::uint32_t span = 1u << above_shift;  // the prefix's scores: prefix + [0, span)
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i) {
-        if (sc[i] - prefix < span) atomicAdd(&s.hist[(sc[i] >> shift) & ((1u << width) - 1u)], 1u);
+        const std::uint32_t score = sc[i] >> kLow;
+        if (score - prefix < span) atomicAdd(&s.hist[(score >> shift) & ((1u << width) - 1u)], 1u);
       }
     }
     __syncthreads();
@@ -196,10 +307,50 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     } else {
       find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist, need);
     }
-    if (pass == 0 && s.pivot.candidates <= need) {  // uniform: every candidate is kept
-      all_kept = true;
-      break;
+    if (pass == 0) all_kept = s.pivot.candidates <= need;  // uniform: every candidate is kept
+    if constexpr (kKeyBits == 16) {
+      // 16-bit rows whose candidates from the pivot digit up fit the list: one more pass over
+      // the registers places them, in column order, and the pivot digit is resolved there.
+      // The other pass over the registers and its count of greater and equal scores, which
+      // every element went through, then apply to the list only.
+      const std::uint32_t listed = all_kept ? s.pivot.candidates
+                                            : p.k_select - s.pivot.need + s.pivot.count;
+      if (pass == 0 && listed <= p.candidate_words) {  // uniform
+        const std::uint32_t digit = s.pivot.digit, digit_need = s.pivot.need;
+        const std::uint32_t bound = (all_kept ? 1u : digit) << (shift + kLow);
+        std::uint32_t n = 0;
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) n = count_at_least(n, sc[i], bound);
+        std::uint32_t total;
+        const std::uint32_t before = block_exclusive_sum<kThreads>(n, s.pivot.warp_totals, total);
+        const std::uint32_t* list = smem + 2 * slots;
+        std::uint32_t at = static_cast<std::uint32_t>(__cvta_generic_to_shared(list)) + 4 * before;
+        if (tid < 32) s.hist[tid] = 0;  // the pivot digit's 32 scores (resolve_short_list)
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) append_if_above(at, sc[i], bound - 1);
+        __syncthreads();
+        const std::uint32_t kept =
+            resolve_short_list<kThreads>(list, listed, all_kept, digit, digit_need, key, s);
+        const auto lo32 = static_cast<std::uint32_t>(lo);
+        if (p.sort_by_value && kept > 1) {  // the sort takes scores and columns apart
+          for (std::uint32_t j = tid; j < kept; j += kThreads) {
+            const std::uint32_t w = key[j];
+            key[j] = w >> 16;
+            col[j] = lo32 + (w & 0xFFFFu);
+          }
+          __syncthreads();
+          const Candidates spare{smem + 2 * slots, smem + 3 * slots, 0};
+          write_outputs<Traits, kThreads>(
+              p, b, sort_best_first<kThreads>({key, col, kept}, spare, s.hist, s.pivot.warp_totals));
+        } else {
+          write_outputs<Traits, kThreads>(
+              p, b, kept, [&](std::uint32_t j) { return lo32 + (key[j] & 0xFFFFu); },
+              [&](std::uint32_t j) { return key[j] >> 16; });
+        }
+        return;
+      }
     }
+    if (all_kept) break;
     prefix |= s.pivot.digit << shift;
     need = s.pivot.need;
     __syncthreads();  // pivot read by all before the next pass rewrites it
@@ -211,12 +362,13 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   std::uint32_t greater = 0, equal = 0;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
+    const std::uint32_t score = sc[i] >> kLow;
     if constexpr (kKeyBits == 16) {  // 16-bit scores: the sign of a difference is the comparison
-      greater += (kth - sc[i]) >> 31;
-      equal += (kth - 1u - sc[i]) >> 31;  // at least kth, for now
+      greater += (kth - score) >> 31;
+      equal += (kth - 1u - score) >> 31;  // at least kth, for now
     } else {
-      greater += sc[i] > kth;
-      equal += sc[i] == kth;
+      greater += score > kth;
+      equal += score == kth;
     }
   }
   if constexpr (kKeyBits == 16) equal -= greater;
@@ -225,9 +377,6 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   const std::uint32_t before =
       block_exclusive_sum<kThreads>((greater << 16) | equal, s.pivot.warp_totals, total);
   const std::uint32_t kept = (total >> 16) + min(total & 0xFFFFu, keep_equal);
-  const std::uint32_t slots = p.survivor_slots;
-  std::uint32_t* key = smem;
-  std::uint32_t* col = smem + slots;
   const std::uint32_t equal_before = before & 0xFFFFu;
   std::uint32_t pos = (before >> 16) + min(equal_before, keep_equal);
   const auto col0 = static_cast<std::uint32_t>(c0);
@@ -237,8 +386,9 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     const std::uint32_t bound = equal_before >= keep_equal ? kth + 1 : kth;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      if (sc[i] >= bound) {
-        key[pos] = sc[i];
+      const std::uint32_t score = sc[i] >> kLow;
+      if (score >= bound) {
+        key[pos] = score;
         col[pos] = col0 + i;
         ++pos;
       }
@@ -247,9 +397,10 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     std::uint32_t equal_seen = equal_before;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const bool is_equal = sc[i] == kth;
-      if (sc[i] > kth || (is_equal && equal_seen < keep_equal)) {
-        key[pos] = sc[i];
+      const std::uint32_t score = sc[i] >> kLow;
+      const bool is_equal = score == kth;
+      if (score > kth || (is_equal && equal_seen < keep_equal)) {
+        key[pos] = score;
         col[pos] = col0 + i;
         ++pos;
       }
