@@ -162,12 +162,14 @@ __device__ std::uint32_t resolve_short_list(const std::uint32_t* list, std::uint
     kth = digit << 5 | s.pivot.digit;
     keep_equal = s.pivot.need;
   }
+  // Scores compared as words: score > kth is w >= (kth + 1) << 16, score >= kth w >= kth << 16
+  // (16-bit scores stay below 0xFF82, NaN's with nan="largest", so the shifts do not wrap).
   std::uint32_t greater = 0, equal = 0;
   for_each_entry([&](std::uint32_t w) {
-    greater += w >> 16 > kth;
-    equal += w >> 16 == kth;
+    greater = count_at_least(greater, w, (kth + 1) << 16);
+    equal = count_at_least(equal, w, kth << 16);
   });
-  if (all_kept) equal = 0;
+  equal = all_kept ? 0u : equal - greater;
   std::uint32_t total;
   const std::uint32_t before =
       block_exclusive_sum<kThreads>(greater << 16 | equal, s.pivot.warp_totals, total);
@@ -176,10 +178,9 @@ __device__ std::uint32_t resolve_short_list(const std::uint32_t* list, std::uint
   if (equal_before >= keep_equal || equal_before + equal <= keep_equal) {
     // All of this thread's ties are kept, or none (every thread but the one holding the last
     // kept tie): one comparison an entry.
-    const std::uint32_t bound = equal_before >= keep_equal ? kth + 1 : kth;
-    for_each_entry([&](std::uint32_t w) {
-      if (w >> 16 >= bound) kept_words[pos++] = w;
-    });
+    const std::uint32_t bound = equal_before >= keep_equal ? kth + 1 : kth;  // at least 1
+    std::uint32_t at = static_cast<std::uint32_t>(__cvta_generic_to_shared(kept_words)) + 4 * pos;
+    for_each_entry([&](std::uint32_t w) { append_if_above(at, w, (bound << 16) - 1); });
   } else {
     std::uint32_t equal_seen = equal_before;
     for_each_entry([&](std::uint32_t w) {
