@@ -528,6 +528,34 @@ TEST_F(TopkCuda, SmallDistributions) {
   }
 }
 
+// Short 16-bit rows list their candidates from the first digit's pivot up (topk_short.cuh)
+// and resolve that digit in the list; rows whose pivot digit holds more candidates than the
+// list (ties, all-equal, most NaN) and k beyond 2048 without sorted="value" resolve in the
+// registers instead. Every distribution, both directions, ragged rows, unaligned starts, the
+// orders that keep column order, k on both sides of the list's 2048.
+TEST_F(TopkCuda, ShortRowsCandidateList) {
+  std::uint64_t seed = 7000;
+  for (int d = 0; d < kDists; ++d) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      for (std::int64_t k : {7, 700, 2048, 3000}) {
+        Case c;
+        c.dtype = dtype;
+        c.largest = seed % 2 == 0;
+        c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+        c.dist = static_cast<Dist>(d);
+        c.batch = 3;
+        c.n = 8192 - static_cast<std::int64_t>(seed % 3);
+        c.k = k;
+        c.order = seed % 4 == 1 ? attnkit::TopkOrder::kIndex : attnkit::TopkOrder::kNone;
+        c.ragged = seed % 5 == 2;
+        c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>(seed % 2);
+        c.seed = seed++;
+        check_case(c);
+      }
+    }
+  }
+}
+
 // Rows longer than one CTA's registers (8192): clusters of 4 CTAs (20000 columns) on sm_90,
 // and the filter kernel's rounds, appends and repeated selects (270000 columns, beyond every
 // cluster), on every distribution.
