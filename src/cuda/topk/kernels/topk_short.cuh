@@ -16,6 +16,10 @@
 //                           through one block scan of packed (greater, equal) counts, every kept
 //                           element's place in column order; they are written to shared memory
 //                           (sorted best first for sorted="value") and then to the outputs.
+//                           16-bit rows hold (score << 16 | column - lo) words; when the
+//                           candidates from the first digit's pivot up fit a list, they are
+//                           placed there after the first digit and the pivot digit is resolved
+//                           over the list alone (resolve_short_list), not over the registers.
 #pragma once
 
 #include <cstdint>
