@@ -279,6 +279,17 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   const std::uint32_t slots = p.survivor_slots;
   std::uint32_t* key = smem;
   std::uint32_t* col = smem + slots;
+  // Writes the kept scores and columns (key, col): best first with sorted="value", through the
+  // spare lists that follow them then.
+  auto write_kept_lists = [&](std::uint32_t kept) {
+    Candidates out{key, col, kept};
+    if (p.sort_by_value && kept > 1) {
+      static_assert(sort_count_words<kThreads>() <= kShortBins, "the sort counts in the histogram");
+      const Candidates spare{smem + 2 * slots, smem + 3 * slots, 0};
+      out = sort_best_first<kThreads>(out, spare, s.hist, s.pivot.warp_totals);
+    }
+    write_outputs<Traits, kThreads>(p, b, out);
+  };
   std::uint32_t prefix = 0, need = p.k_select;
   bool all_kept = false;
   int shift = kKeyBits;
@@ -337,16 +348,14 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
         const std::uint32_t kept =
             resolve_short_list<kThreads>(list, listed, all_kept, digit, digit_need, key, s);
         const auto lo32 = static_cast<std::uint32_t>(lo);
-        if (p.sort_by_value && kept > 1) {  // the sort takes scores and columns apart
+        if (p.sort_by_value) {  // the sort takes scores and columns apart
           for (std::uint32_t j = tid; j < kept; j += kThreads) {
             const std::uint32_t w = key[j];
             key[j] = w >> 16;
             col[j] = lo32 + (w & 0xFFFFu);
           }
           __syncthreads();
-          const Candidates spare{smem + 2 * slots, smem + 3 * slots, 0};
-          write_outputs<Traits, kThreads>(
-              p, b, sort_best_first<kThreads>({key, col, kept}, spare, s.hist, s.pivot.warp_totals));
+          write_kept_lists(kept);
         } else {
           write_outputs<Traits, kThreads>(
               p, b, kept, [&](std::uint32_t j) { return lo32 + (key[j] & 0xFFFFu); },
@@ -413,13 +422,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     }
   }
   __syncthreads();
-  Candidates out{key, col, kept};
-  if (p.sort_by_value && kept > 1) {  // through the spare lists, which follow with sorted="value"
-    static_assert(sort_count_words<kThreads>() <= kShortBins, "the sort counts in the histogram");
-    const Candidates spare{smem + 2 * slots, smem + 3 * slots, 0};
-    out = sort_best_first<kThreads>(out, spare, s.hist, s.pivot.warp_totals);
-  }
-  write_outputs<Traits, kThreads>(p, b, out);
+  write_kept_lists(kept);
 }
 
 }  // namespace attnkit::detail::cuda
