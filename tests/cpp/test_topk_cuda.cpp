@@ -732,6 +732,17 @@ TEST_F(TopkCuda, SmallGraphCaptureReplays) {
   c.k = 100;
   c.order = attnkit::TopkOrder::kValue;
   check_case(c, /*graph=*/true);
+  // Sliced rows: the merge kernels launch as programmatic dependents of the slice kernels on
+  // sm_90, which capture turns into a programmatic edge of the graph.
+  c.order = attnkit::TopkOrder::kNone;
+  c.batch = 1;
+  c.n = 300000;
+  c.k = 512;
+  check_case(c, /*graph=*/true);
+  c.dtype = DType::kFloat32;
+  c.n = 129280;
+  c.k = 1;
+  check_case(c, /*graph=*/true);
 }
 
 TEST_F(TopkCuda, DsaShapes) {

@@ -32,7 +32,8 @@ namespace attnkit::detail::cuda {
                                              const std::uint64_t*, cudaStream_t);            \
   extern template int max_cluster_ctas<Traits>(int, bool);                                  \
   extern template int resident_clusters<Traits>(int, int, bool);                           \
-  extern template int triple_ctas_per_sm<Traits>();
+  extern template int triple_ctas_per_sm<Traits>();                                         \
+  extern template int merges_wait_for_slices<Traits>();
 ATTNKIT_TOPK_EXTERN(Float32Traits)
 ATTNKIT_TOPK_EXTERN(BFloat16Traits)
 ATTNKIT_TOPK_EXTERN(Float16Traits)
@@ -131,6 +132,15 @@ bool triple_fits_three(const TopkProblem& p) {
   const int ctas = cache.get(
       p, 0, [](auto traits) { return cuda::triple_ctas_per_sm<decltype(traits)>(); });
   return ctas >= 3;
+}
+
+/// Whether the merge kernels for this dtype may launch as programmatic dependents of the slice
+/// kernel on this device (cuda::merges_wait_for_slices).
+bool dependent_merges(const TopkProblem& p) {
+  static PerDeviceDtype cache;
+  return cache.get(p, 0, [](auto traits) {
+    return cuda::merges_wait_for_slices<decltype(traits)>();
+  }) != 0;
 }
 
 /// ATTNKIT_CUDA_TOPK_PATH, read once: "cluster" prefers the cluster kernel wherever it can
@@ -317,6 +327,7 @@ Launch make_launch(const TopkProblem& p) {
     }
   }
   if (plan.slices > 1) {
+    plan.dependent_merge = dependent_merges(p);
     if (plan.path == TopkPath::kFilter) {
       // Room for the whole row: the merge streams it again when the row's sample misled it.
       plan.merge = cuda::buffer_plan(k, cuda::merge_round(dtype_size(p.dtype)),
@@ -425,8 +436,8 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
   const TopkKernelParams params = make_params(p, l, ws);
 #if defined(ATTNKIT_LOG_LAUNCHES)
   std::fprintf(stderr,
-               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d cluster=%dx%d "
-               "limit=%u smem=%zu\n",
+               "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d "
+               "dependent_merge=%d cluster=%dx%d limit=%u smem=%zu\n",
                static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
                static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix    ? "radix"
                : l.plan.path == TopkPath::kArgmax ? "argmax"
@@ -438,7 +449,8 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
                : l.plan.policy == RowsPolicy::kNarrowHalfRound ? "narrow-half-round"
                : l.plan.policy == RowsPolicy::kTriple          ? "triple"
                                                                : "wide",
-               l.plan.slices, l.plan.cluster_ctas, l.plan.cluster_threads,
+               l.plan.slices, static_cast<int>(l.plan.dependent_merge), l.plan.cluster_ctas,
+               l.plan.cluster_threads,
                l.plan.rows.limit,
                l.plan.rows.smem());
 #endif

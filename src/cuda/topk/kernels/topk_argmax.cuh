@@ -17,6 +17,7 @@
 
 #include "common/topk_keys.hpp"
 #include "cuda/common/block_scan.cuh"
+#include "cuda/common/dependent_launch.cuh"
 #include "cuda/topk/kernels/topk_filter.cuh"
 #include "cuda/topk/topk_params.cuh"
 
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(kThreads) topk_argmax_kernel(const TopkKernelP
   constexpr int kVec = 16 / sizeof(Bits);
   __shared__ std::uint64_t warp_best[kThreads / kWarpSize];
 
+  if (p.slices > 1) allow_dependent_launch();  // the merge kernel
   const std::int64_t b = blockIdx.x / p.slices;
   const std::int64_t s = blockIdx.x % p.slices;
   std::int64_t seg_lo, seg_hi;
@@ -138,6 +140,7 @@ template <class Traits>
 __global__ void __launch_bounds__(kWarpSize) topk_argmax_merge_kernel(const TopkKernelParams p) {
   const std::int64_t b = blockIdx.x;
   std::uint64_t best = 0;
+  wait_for_prior_grid();  // the slices' bests
   for (int s = threadIdx.x; s < p.slices; s += kWarpSize) {
     const std::int64_t at = (b * p.slices + s) * p.slot_stride;
     const std::uint64_t key = argmax_key(p.slice_key[at], p.slice_col[at]);

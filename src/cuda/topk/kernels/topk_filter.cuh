@@ -44,6 +44,7 @@
 #include "common/topk_keys.hpp"
 #include "common/topk_sample.hpp"
 #include "cuda/common/block_scan.cuh"
+#include "cuda/common/dependent_launch.cuh"
 #include "cuda/topk/block_select.cuh"
 #include "cuda/topk/topk_params.cuh"
 
@@ -814,6 +815,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   __shared__ SelectScratch<kThreads> scratch;
   __shared__ __align__(16) std::uint32_t warp_hits[2 * 2 * 32];
 
+  if (p.slices > 1) allow_dependent_launch();  // the merge kernel
   const std::int64_t b = row_of_block(blockIdx.x, p.slices);
   const std::int64_t s = blockIdx.x % p.slices;
   std::int64_t lo, hi;
@@ -891,6 +893,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
   const int tid = threadIdx.x;
   auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
   if (tid == 0) row_floor = kExcludedScore;
+  wait_for_prior_grid();  // the slices' lists
   const std::uint32_t word = tid < p.slices ? p.slice_count[b * p.slices + tid] : 0u;
   const std::uint32_t n = word & ~kSliceFloored;
   std::uint32_t total;
