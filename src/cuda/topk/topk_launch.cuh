@@ -195,12 +195,51 @@ void allow_dynamic_smem(Kernel kernel, std::size_t smem, const char* name) {
              name);
 }
 
+/// Whether the current device runs `kernel` from code compiled for sm_90 or newer, which holds
+/// the sm_90 primitives (clusters, griddepcontrol); compute_80 PTX compiled at load time on a
+/// newer GPU holds stand-ins instead. A binary for sm_90 or newer runs only on such a device.
+template <class Kernel>
+bool runs_sm90_code(Kernel kernel) {
+  cudaFuncAttributes attributes{};
+  cuda_check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  return attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90;
+}
+
 template <class Kernel>
 void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
             cudaStream_t stream, const TopkKernelParams& p, const char* name) {
   allow_dynamic_smem(kernel, smem, name);
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
   cuda_check_launch(name);
+}
+
+/// cudaLaunchKernelEx's form of `blocks` CTAs of `threads` with one launch attribute.
+struct LaunchExConfig {
+  cudaLaunchAttribute attribute;
+  cudaLaunchConfig_t config{};
+
+  LaunchExConfig(std::int64_t blocks, int threads, std::size_t smem, cudaStream_t stream,
+                 const cudaLaunchAttribute& a)
+      : attribute(a) {
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  LaunchExConfig(const LaunchExConfig&) = delete;  // config points into this object
+  LaunchExConfig& operator=(const LaunchExConfig&) = delete;
+};
+
+/// Thread-block clusters of `ctas` CTAs.
+inline cudaLaunchAttribute cluster_attribute(int ctas) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = static_cast<unsigned>(ctas);
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
 }
 
 /// launch(), as the programmatic dependent of the kernel before it in the stream when
@@ -220,37 +259,10 @@ void launch_after(Kernel kernel, std::int64_t blocks, int threads, std::size_t s
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cuda_check(cudaLaunchKernelEx(&config, kernel, p), name);
+  const LaunchExConfig ex(blocks, threads, smem, stream, attribute);
+  cuda_check(cudaLaunchKernelEx(&ex.config, kernel, p), name);
   cuda_check_launch(name);
 }
-
-/// cudaLaunchKernelEx's form of `blocks` CTAs of `threads` in clusters of `ctas`.
-struct ClusterConfig {
-  cudaLaunchAttribute attribute{};
-  cudaLaunchConfig_t config{};
-
-  ClusterConfig(std::int64_t blocks, int ctas, int threads, std::size_t smem, cudaStream_t stream) {
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = static_cast<unsigned>(ctas);
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  ClusterConfig(const ClusterConfig&) = delete;  // config points into this object
-  ClusterConfig& operator=(const ClusterConfig&) = delete;
-};
 
 /// Opts `kernel` into `smem` bytes of dynamic shared memory and clusters of up to 16 CTAs (more
 /// than 8 is non-portable).
@@ -266,7 +278,7 @@ template <class Kernel>
 void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, std::size_t smem,
                       cudaStream_t stream, const TopkKernelParams& p, const char* name) {
   allow_clusters(kernel, smem, name);
-  const ClusterConfig cluster(rows * ctas, ctas, threads, smem, stream);
+  const LaunchExConfig cluster(rows * ctas, threads, smem, stream, cluster_attribute(ctas));
   cuda_check(cudaLaunchKernelEx(&cluster.config, kernel, p), name);
   cuda_check_launch(name);
 }
@@ -288,6 +300,11 @@ auto clustered_rows_kernel(int threads, bool sorted = false) {
 template <class Traits, class P>
 constexpr auto rows_kernel =
     topk_rows_kernel<Traits, P::kThreads, P::kPrefetch, P::kMinBlocks, P::kU>;
+
+/// The merge kernel of sliced rows.
+template <class Traits>
+constexpr auto merge_kernel =
+    topk_merge_kernel<Traits, kMergeThreads, WidePolicy::kPrefetch, WidePolicy::kU>;
 
 /// Launches the rows kernel (the filter path) with policy P.
 template <class Traits, class P>
@@ -381,33 +398,16 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     p.limit = plan.merge.limit;
     p.survivor_slots = plan.merge.survivor_slots;
     p.newcomer_slots = plan.merge.newcomer_slots;
-    launch_after(topk_merge_kernel<Traits, kMergeThreads, WidePolicy::kPrefetch, WidePolicy::kU>,
-                 plan.batch, kMergeThreads, plan.merge.smem(), stream, p, plan.dependent_merge,
-                 "topk_merge_kernel");
+    launch_after(merge_kernel<Traits>, plan.batch, kMergeThreads, plan.merge.smem(), stream, p,
+                 plan.dependent_merge, "topk_merge_kernel");
   }
 }
 
 /// Whether this device runs both merge kernels from code that waits for the slice kernel
-/// (wait_for_prior_grid, compiled for sm_90 or newer: not compute_80 PTX compiled at load
-/// time), so that they may launch as its programmatic dependents: 1 or 0.
+/// (wait_for_prior_grid), so that they may launch as its programmatic dependents: 1 or 0.
 template <class Traits>
 int merges_wait_for_slices() {
-  int device = 0, major = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-             "cudaDeviceGetAttribute(computeCapabilityMajor)");
-  if (major < 9) return 0;
-  cudaFuncAttributes merge{}, argmax_merge{};
-  cuda_check(cudaFuncGetAttributes(
-                 &merge, topk_merge_kernel<Traits, kMergeThreads, WidePolicy::kPrefetch,
-                                           WidePolicy::kU>),
-             "cudaFuncGetAttributes(topk_merge_kernel)");
-  cuda_check(cudaFuncGetAttributes(&argmax_merge, topk_argmax_merge_kernel<Traits>),
-             "cudaFuncGetAttributes(topk_argmax_merge_kernel)");
-  for (const cudaFuncAttributes& a : {merge, argmax_merge}) {
-    if (a.ptxVersion < 90 || a.binaryVersion < 90) return 0;
-  }
-  return 1;
+  return runs_sm90_code(merge_kernel<Traits>) && runs_sm90_code(topk_argmax_merge_kernel<Traits>);
 }
 
 /// How many clusters of `ctas` CTAs of `threads` threads of the cluster kernel this device
@@ -421,7 +421,7 @@ int resident_clusters(int ctas, int threads, bool sorted) {
   const auto kernel = clustered_rows_kernel<Traits>(threads, sorted);
   const std::size_t smem = cluster_smem_bytes<Traits>(kMaxFilterK, threads, sorted);
   allow_clusters(kernel, smem, "cudaFuncSetAttribute");
-  const ClusterConfig cluster(ctas, ctas, threads, smem, nullptr);
+  const LaunchExConfig cluster(ctas, threads, smem, nullptr, cluster_attribute(ctas));
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cluster.config) != cudaSuccess) {
     (void)cudaGetLastError();  // an unsupported size is an answer, not an error
@@ -432,19 +432,16 @@ int resident_clusters(int ctas, int threads, bool sorted) {
 
 /// The largest cluster (CTAs per row) the cluster kernel with `threads`-thread CTAs
 /// (kShortThreads or kWideClusterThreads) can run with on the current device: 1 before sm_90,
-/// or when the kernel's code on this device was not compiled for sm_90 or newer (ptxVersion:
+/// or when the kernel's code on this device was not compiled for sm_90 or newer (runs_sm90_code:
 /// e.g. compute_80 PTX compiled at load time on a newer GPU, whose cluster primitives are
 /// single-CTA stand-ins). `sorted` asks of the sorted="value" kernel.
 template <class Traits>
 int max_cluster_ctas(int threads, bool sorted) {
-  const auto kernel = clustered_rows_kernel<Traits>(threads, sorted);
-  cudaFuncAttributes attributes{};
-  cuda_check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
   int device = 0, cluster_launch = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device),
              "cudaDeviceGetAttribute(clusterLaunch)");
-  if (attributes.ptxVersion < 90 || attributes.binaryVersion < 90 || cluster_launch == 0) {
+  if (!runs_sm90_code(clustered_rows_kernel<Traits>(threads, sorted)) || cluster_launch == 0) {
     return 1;
   }
   for (int ctas = kMaxClusterCtas; ctas > 1; --ctas) {
