@@ -66,6 +66,11 @@ def dtype_name(dtype: Any) -> str:
         raise TypeError(f"dtype {dtype!r} has no attnkit equivalent") from None
 
 
+# What each array argument of topk takes, for messages about dtypes attnkit has no name for
+# (the C++ checks say it for the others); begin, end, index_offset and out_indices take ints.
+_EXPECTED_DTYPES = {"x": "float32, bfloat16 or float16", "out_values": "x.dtype"}
+
+
 def no_such_dtype(name: str, dtype: Any) -> TypeError:
     """The TypeError for an array argument whose dtype attnkit does not take."""
     hint = ""
@@ -73,7 +78,8 @@ def no_such_dtype(name: str, dtype: Any) -> TypeError:
         # np.save writes ml_dtypes' bfloat16 as raw 2-byte records, which np.load returns.
         hint = (f" (a bfloat16 array saved with np.save loads as {dtype.str}: pass "
                 f"{name}.view(ml_dtypes.bfloat16))")
-    return TypeError(f"topk: {name}.dtype = {dtype}; attnkit has no such dtype{hint}")
+    return TypeError(f"topk: {name}.dtype = {dtype} is no dtype of attnkit's; expected "
+                     f"{_EXPECTED_DTYPES.get(name, 'int32 or int64')}{hint}")
 
 
 def array_dtype_name(a: Any, name: str) -> str:
@@ -111,14 +117,14 @@ def check_array(a: Any, name: str) -> None:
 
 
 class _DLPackSource:
-    """A CPU producer that offers only ``__dlpack__``, with the shape and dtype that NumPy's
-    import of it reports. The extension imports the producer itself, so that its strides and
-    data pointer are checked as any DLPack input's are: NumPy's import takes a capsule's strides
-    as given (a byte stride that overflows wraps) and allocates for a null data pointer."""
+    """A CPU producer that offers only ``__dlpack__``, with the shape and dtype of the
+    extension's import of it, which checks its strides and data pointer as any DLPack input's
+    are (NumPy's import takes a capsule's strides as given, allocates for a null data pointer
+    and cannot read bfloat16)."""
 
-    def __init__(self, producer: Any, imported: np.ndarray):
+    def __init__(self, producer: Any, shape: tuple, dtype: np.dtype):
         self._producer = producer
-        self.shape, self.dtype = imported.shape, imported.dtype
+        self.shape, self.dtype = shape, dtype
 
     def __dlpack__(self, **kwargs):
         return self._producer.__dlpack__(**kwargs)
@@ -127,10 +133,13 @@ class _DLPackSource:
         return self._producer.__dlpack_device__()
 
 
-def _dlpack_source(producer: Any, imported: np.ndarray) -> _DLPackSource:
+def _dlpack_source(producer: Any, name: str) -> _DLPackSource:
+    from . import _ext
+
+    shape, code = _ext.dlpack_shape_dtype(producer, name)
     # A subclass named as the producer's type, so that messages about it name that type.
     cls = type(type(producer).__name__, (_DLPackSource,), {})
-    return cls(producer, imported)
+    return cls(producer, tuple(shape), _NUMPY_DTYPES[DTYPE_NAMES[code]])
 
 
 def resolved(a: Any, name: str) -> Any:
@@ -138,7 +147,7 @@ def resolved(a: Any, name: str) -> Any:
     - for a torch view with its negative or conjugate bit set (whose memory holds the values
       before that sign or conjugation), a resolved copy;
     - for a producer that offers only ``__dlpack__`` (no ``shape`` or ``dtype``): on the CPU,
-      the producer with the shape and dtype of NumPy's import of it (_DLPackSource); on a GPU,
+      the producer with the shape and dtype of its DLPack import (_DLPackSource); on a GPU,
       torch's import of it.
     The caller holds the result for the duration of the call."""
     if is_torch(a):
@@ -151,8 +160,10 @@ def resolved(a: Any, name: str) -> Any:
     if not on_cpu and torch is None:
         raise TypeError(f"topk: {name} (a {type(a).__name__} on {device_of(a)}) offers only "
                         "__dlpack__; import torch to read it, or pass a torch tensor")
+    if on_cpu:
+        return _dlpack_source(a, name)  # the extension's errors name `a` already
     try:
-        return _dlpack_source(a, np.from_dlpack(a)) if on_cpu else torch.from_dlpack(a)
+        return torch.from_dlpack(a)
     except Exception as e:  # the producer's export or the capsule it gave
         why = " ".join(str(e).split()) or type(e).__name__
         raise TypeError(f"topk: {name} (a {type(a).__name__}) could not be read through DLPack "

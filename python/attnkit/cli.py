@@ -129,7 +129,7 @@ def cmd_topk(args) -> int:
     import numpy as np
 
     from . import _MAX_THREADS, _arrays, set_num_threads
-    from .topk import topk
+    from .topk import OUT_BUFFERS_HINT, topk
 
     if args.threads is not None:
         if not 1 <= args.threads <= _MAX_THREADS:
@@ -160,7 +160,7 @@ def cmd_topk(args) -> int:
     except (ValueError, TypeError) as e:
         raise InputError(_in_cli_terms(_one_line(e), args)) from None
     except MemoryError as e:
-        why = str(e).removeprefix(f"topk: k = {args.k} ")
+        why = str(e).removeprefix(f"topk: k = {args.k} ").replace(OUT_BUFFERS_HINT, "")
         if why == str(e) or not why:  # an allocator's own MemoryError
             why = "the [B, k] outputs do not fit in memory"
         raise InputError(f"-k {args.k}: {why}") from None

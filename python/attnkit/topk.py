@@ -34,15 +34,20 @@ _MAX_EXTENT = 2**31 - 1
 _CHECK_BEFORE_ALLOCATING = 1 << 20
 
 
-def _integer(name: str, value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)):
+def _integer(name: str, value: Any, rule: str) -> int:
+    """`value` as a Python int: an integer, or a 0-d integer array or tensor (not a bool, nor
+    one of several elements, which torch's __index__ would take). `rule` is the range the C++
+    layer checks, said here for values beyond int64, which cannot reach it."""
+    dtype = str(getattr(value, "dtype", ""))
+    if (isinstance(value, (bool, np.bool_)) or dtype in ("bool", "torch.bool")
+            or getattr(value, "ndim", 0) != 0):
         raise TypeError(f"topk: {name} = {value!r}; expected an integer")
     try:
         value = operator.index(value)
     except TypeError:
         raise TypeError(f"topk: {name} = {value!r}; expected an integer") from None
-    if not -2**63 <= value < 2**63:  # cannot cross into C++ (which checks the rest)
-        raise ValueError(f"topk: {name} = {value} is outside the int64 range")
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"topk: {name} = {value} {rule}")
     return value
 
 
@@ -66,6 +71,10 @@ def _choice(name: str, value: Any, table: dict) -> int:
     raise ValueError(f"topk: {name} = {value!r}; expected one of {allowed}")
 
 
+# The end of the MemoryError's advice, which callers without these arguments (the CLI) drop.
+OUT_BUFFERS_HINT = " or out_indices/out_values"
+
+
 def _check_host_memory(x: Any, out_shape: tuple[int, ...], k: int, *dtypes: Optional[str]):
     """MemoryError when the outputs to allocate in host memory exceed the machine's memory: the
     allocation itself would succeed on an overcommitting OS, and the padding writes would then
@@ -81,7 +90,7 @@ def _check_host_memory(x: Any, out_shape: tuple[int, ...], k: int, *dtypes: Opti
         raise MemoryError(
             f"topk: k = {k} asks for outputs of shape {list(out_shape)}, {size(need)}, beyond "
             f"this machine's {size(have)} of memory; pass a smaller k (slots beyond a row's "
-            f"length are padding) or out_indices/out_values")
+            f"length are padding){OUT_BUFFERS_HINT}")
 
 
 def topk(
@@ -218,10 +227,10 @@ def topk(
     torch_module = _arrays._torch()
     if not (isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
             and torch_module.compiler.is_compiling()):
-        k = _integer("k", k)
+        k = _integer("k", k, "must be in [0, 2^31 - 1]")
     # else k may be traced (t.item() under torch.compile): the op's fake kernel checks it
     # without the guard that operator.index would ask for.
-    index_fill = _integer("index_fill", index_fill)
+    index_fill = _integer("index_fill", index_fill, "does not fit the int64 indices")
     if not isinstance(largest, (bool, np.bool_)):
         raise TypeError(f"topk: largest = {largest!r}; expected a bool")
     if not isinstance(return_values, (bool, np.bool_)):

@@ -61,16 +61,23 @@ class GilReleased {
 /// A "raw view" tuple (data_ptr, shape, strides_in_elements, dtype_code, device_type,
 /// device_index), built by attnkit._arrays for NumPy arrays and torch tensors: cheaper than
 /// DLPack and free of DLPack's stream handshake and requires_grad refusal.
-TensorView view_from_tuple(const nb::tuple& t) {
+/// A TensorView holds at most kMaxDims dimensions: checked before any is copied into it, on
+/// what the import holds (a DLPack producer may export another shape than its `.shape` said).
+void check_ndim(std::size_t ndim, const char* name) {
+  if (ndim > static_cast<std::size_t>(attnkit::kMaxDims)) {
+    throw attnkit::Error(attnkit::ErrorCode::kShape,
+                         "topk: " + std::string(name) + " has " + std::to_string(ndim) +
+                             " dimensions; at most " + std::to_string(attnkit::kMaxDims) +
+                             " are supported");
+  }
+}
+
+TensorView view_from_tuple(const nb::tuple& t, const char* name) {
   TensorView v;
   v.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(t[0]));
   const nb::tuple shape = nb::cast<nb::tuple>(t[1]);
   const nb::tuple strides = nb::cast<nb::tuple>(t[2]);
-  if (shape.size() > static_cast<std::size_t>(attnkit::kMaxDims)) {
-    throw attnkit::Error(attnkit::ErrorCode::kShape,
-                         "array with " + std::to_string(shape.size()) + " dimensions; at most " +
-                             std::to_string(attnkit::kMaxDims) + " are supported");
-  }
+  check_ndim(shape.size(), name);
   v.ndim = static_cast<std::int32_t>(shape.size());
   for (int d = 0; d < v.ndim; ++d) {
     v.shape[d] = nb::cast<std::int64_t>(shape[static_cast<std::size_t>(d)]);
@@ -130,6 +137,7 @@ TensorView view_of(const Array& a, const char* name) {
                          "topk: " + std::string(name) + " is on DLPack device type " +
                              std::to_string(a.device_type()) + "; expected CPU or CUDA");
   }
+  check_ndim(a.ndim(), name);
   v.ndim = static_cast<std::int32_t>(a.ndim());
   for (int d = 0; d < v.ndim; ++d) {
     v.shape[d] = static_cast<std::int64_t>(a.shape(static_cast<std::size_t>(d)));
@@ -181,7 +189,7 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
 }
 
 TensorView to_view(nb::handle obj, const char* name, Imports& imports, bool writable = false) {
-  if (nb::isinstance<nb::tuple>(obj)) return view_from_tuple(nb::borrow<nb::tuple>(obj));
+  if (nb::isinstance<nb::tuple>(obj)) return view_from_tuple(nb::borrow<nb::tuple>(obj), name);
   return view_from_dlpack(obj, name, imports, writable);
 }
 
@@ -307,6 +315,18 @@ NB_MODULE(_ext, m) {
       nb::arg("nan"), nb::arg("ties"), nb::arg("index_fill"), nb::arg("value_fill").none(),
       nb::arg("check"), nb::arg("backend"));
 
+  // The shape and dtype of a CPU producer that offers only __dlpack__, read by the same import
+  // (and checks) as the call's own: NumPy's import cannot read every dtype (bfloat16).
+  m.def(
+      "dlpack_shape_dtype",
+      [](nb::handle obj, const char* name) {
+        Imports imports;
+        const TensorView v = view_from_dlpack(obj, name, imports, false);
+        nb::list shape;
+        for (int d = 0; d < v.ndim; ++d) shape.append(v.shape[d]);
+        return nb::make_tuple(nb::tuple(shape), static_cast<int>(v.dtype));
+      },
+      nb::arg("obj"), nb::arg("name"));
   m.def("num_threads", &attnkit::num_threads);
   m.def("set_num_threads", &attnkit::set_num_threads, nb::arg("n"));
   m.def("build_info", &attnkit::build_info);

@@ -201,3 +201,19 @@ def test_errors_name_deep_select_arguments(kwargs, error, fragment):
     with pytest.raises(error) as info:
         deep_select.topk(x, **kwargs)
     assert fragment in str(info.value)
+
+
+def test_memory_and_autograd_errors_name_deep_select_arguments(monkeypatch):
+    import attnkit
+
+    monkeypatch.setattr(attnkit._arrays, "physical_memory", lambda: 10 << 20)
+    with pytest.raises(MemoryError) as info:
+        deep_select.topk(np.zeros((2, 3), np.float32), 1 << 20)
+    message = str(info.value)
+    assert message.startswith("topk: topk = 1048576 asks for outputs"), message
+    assert message.endswith("or output_idx") and "out_values" not in message, message
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError) as info:
+        deep_select.topk(x, 2, output_idx=torch.zeros(2, 2, dtype=torch.int64))
+    assert str(info.value).startswith(
+        "topk: output_idx cannot be used when input requires grad"), str(info.value)

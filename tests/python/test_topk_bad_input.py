@@ -10,6 +10,7 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Callable, Tuple
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -126,6 +127,9 @@ CASES = [
     Bad("x_int32", lambda: (np.zeros((B, N), np.int32), K, {}), TypeError, ("x.dtype", "int32")),
     Bad("x_int8", lambda: (np.zeros((B, N), np.int8), K, {}), TypeError, ("x.dtype", "int8")),
     Bad("x_bool", lambda: (np.zeros((B, N), np.bool_), K, {}), TypeError, ("x.dtype", "bool")),
+    Bad("x_float8", lambda: (np.zeros((B, N), ml_dtypes.float8_e4m3fn), K, {}), TypeError,
+        ("x.dtype = float8_e4m3fn is no dtype of attnkit's; expected float32, bfloat16 or "
+         "float16",)),
     Bad("x_complex64", lambda: (np.zeros((B, N), np.complex64), K, {}), TypeError,
         ("x.dtype", "complex64")),
     Bad("x_list", lambda: ([[1.0, 2.0]], 1, {}), TypeError, ("x", "list"), add_outputs=False),
@@ -146,6 +150,15 @@ CASES = [
     Bad("k_negative", lambda: (_x(), -1, {}), ValueError, ("k = -1", ">= 0"), add_outputs=False),
     Bad("k_very_negative", lambda: (_x(), -(2**40), {}), ValueError, ("k = -1099511627776",),
         add_outputs=False),
+    Bad("k_beyond_int64", lambda: (_x(), 10**30, {}), ValueError,
+        (f"k = {10**30} must be in [0, 2^31 - 1]",), add_outputs=False),
+    # torch's __index__ takes bool tensors and one-element tensors of any rank; NumPy's does not.
+    Bad("k_bool_tensor", lambda: (_x(), torch.tensor(True), {}), TypeError,
+        ("k = tensor(True); expected an integer",), add_outputs=False),
+    Bad("k_one_element_tensor", lambda: (_x(), torch.tensor([2]), {}), TypeError,
+        ("k = tensor([2]); expected an integer",), add_outputs=False),
+    Bad("index_fill_bool_tensor", lambda: (_x(), K, dict(index_fill=torch.tensor(True))),
+        TypeError, ("index_fill = tensor(True); expected an integer",)),
     # begin / end / index_offset: shape, dtype
     Bad("begin_wrong_length", _wrong("begin", begin=np.zeros(B + 1, np.int64)), ValueError,
         ("begin has shape [5]", "[B] = [4]")),
@@ -157,6 +170,8 @@ CASES = [
         ValueError, ("index_offset has shape [2]", "[B] = [4]")),
     Bad("begin_float", _wrong("begin", begin=np.zeros(B, np.float32)), TypeError,
         ("begin.dtype = float32",)),
+    Bad("end_complex", _wrong("end", end=np.zeros(B, np.complex64)), TypeError,
+        ("end.dtype = complex64 is no dtype of attnkit's; expected int32 or int64",)),
     Bad("end_int16", _wrong("end", end=np.zeros(B, np.int16)), TypeError, ("end.dtype = int16",)),
     Bad("end_uint32", _wrong("end", end=np.zeros(B, np.uint32)), TypeError,
         ("end.dtype = uint32",)),
@@ -528,6 +543,45 @@ def test_bare_dlpack_producers_are_checked_as_other_inputs():
         attnkit.topk(_HandMadeCapsule(buf, (2, 8), (8, 1), null=True), 2)
 
 
+class _Relay:
+    """A DLPack producer of `a`'s capsules with `shape` and `dtype` of its own choosing, which
+    need not be what it exports."""
+
+    def __init__(self, a, shape=None):
+        self.a = a
+        if shape is not None:
+            self.shape, self.dtype = shape, np.dtype(np.float32)
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+@pytest.mark.parametrize("arg", ["x", "end", "out_indices"])
+@pytest.mark.parametrize("ndim", [7, 12, 64])
+def test_dlpack_export_of_more_dimensions_than_its_shape_says_is_named(arg, ndim):
+    # The import's own rank is checked before its dimensions are copied, whatever .shape said.
+    exported = np.zeros((1,) * (ndim - 1) + (N,), np.float32 if arg == "x" else np.int64)
+    args = {"x": _x(), "out_indices": poisoned((B, K), np.int64)}
+    args[arg] = _Relay(exported, shape={"x": (B, N), "end": (B,), "out_indices": (B, K)}[arg])
+    x = args.pop("x")
+    with pytest.raises(ValueError, match=rf"topk: {arg} has {ndim} dimensions; at most 6"):
+        attnkit.topk(x, K, **args)
+    if arg != "out_indices":
+        assert (args["out_indices"] == poisoned((B, K), np.int64)).all()
+
+
+def test_bare_dlpack_producer_of_bfloat16_is_read():
+    # NumPy cannot import bfloat16 through DLPack; the result comes back as NumPy arrays.
+    x = torch.from_numpy(_x()).bfloat16()
+    values, indices = attnkit.topk(_Relay(x), K, sorted="value")
+    want = topk_reference(x.float().numpy().astype(ml_dtypes.bfloat16), K, sorted="value")
+    assert isinstance(values, np.ndarray) and values.dtype == ml_dtypes.bfloat16
+    assert_same_result((values, indices), want, "bare bfloat16 producer")
+
+
 class _NoCapsule:
     """A DLPack producer whose __dlpack__ returns something that is not a capsule."""
 
@@ -571,7 +625,8 @@ def test_a_loaded_bfloat16_npy_gets_a_hint(tmp_path):
     np.save(path, np.ones((2, 8), ml_dtypes.bfloat16))
     loaded = np.load(path)
     assert loaded.dtype.kind == "V"
-    with pytest.raises(TypeError, match=r"x.dtype = \|V2; attnkit has no such dtype \(a "
-                                        r"bfloat16 array .*x.view\(ml_dtypes.bfloat16\)"):
+    with pytest.raises(TypeError, match=r"x.dtype = \|V2 is no dtype of attnkit's; expected "
+                                        r"float32, bfloat16 or float16 \(a bfloat16 array "
+                                        r".*x.view\(ml_dtypes.bfloat16\)"):
         attnkit.topk(loaded, 2)
     assert attnkit.topk(loaded.view(ml_dtypes.bfloat16), 2).indices.tolist() == [[0, 1]] * 2

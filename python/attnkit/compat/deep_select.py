@@ -21,6 +21,7 @@ from ..topk import topk as _topk
 
 # attnkit's argument names in error messages -> DeepSelect's.
 _NAMES = [
+    (re.compile(r"\bout_(values/out_indices|indices/out_values)\b"), "output_idx"),
     (re.compile(r"\bindex_fill\b"), "idx_oob_fill_value"),
     (re.compile(r"\bvalue_fill\b"), "value_oob_fill_value"),
     (re.compile(r"\bindex_offset\b"), "output_idx_offset"),
@@ -29,7 +30,7 @@ _NAMES = [
     (re.compile(r"\breturn_values\b"), "return_value"),
     (re.compile(r'\bnan = "raise"'), "abort_when_nan_found = True"),
     (re.compile(r"^topk: k = "), "topk: topk = "),
-    (re.compile(r"\bx(?=\[|\.|;|,|'s\b| has\b| is\b| \(bytes|$)"), "input"),
+    (re.compile(r"\bx(?=\[|\.|;|,|'s\b| has\b| is\b| requires\b| \(bytes|$)"), "input"),
 ]
 
 
@@ -37,7 +38,10 @@ def _in_deep_select_terms(e: Exception) -> Exception:
     message = str(e)
     for pattern, name in _NAMES:
         message = pattern.sub(name, message)
-    return type(e)(message)
+    try:
+        return type(e)(message)
+    except Exception:  # an exception type that is not built from a message alone
+        return e
 
 
 def topk(
@@ -73,5 +77,5 @@ def topk(
             return_values=return_value, out_indices=output_idx, index_offset=output_idx_offset,
             index_fill=idx_oob_fill_value, value_fill=value_oob_fill_value,
             nan="raise" if abort_when_nan_found else "largest")
-    except (ValueError, TypeError) as e:  # the caller's argument names, not attnkit's
+    except (ValueError, TypeError, MemoryError, RuntimeError) as e:  # the caller's names
         raise _in_deep_select_terms(e) from None
