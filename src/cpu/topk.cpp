@@ -58,6 +58,9 @@ constexpr std::int64_t kMinSlack = 256;
 // Bits of the first radix digit: 4096 bins (16 KB of counts) fit in L1 and split float
 // scores by sign, exponent and 3-4 mantissa bits, which leaves a small pivot bucket.
 constexpr int kDigitBits = 12;
+// Lists of at most this many candidates skip the histogram: clearing and walking its 4096 bins
+// costs more than selecting among a few hundred (score, column) keys directly.
+constexpr std::size_t kDirectSelectMax = 512;
 // Sampled starting threshold: rows shorter than kSampleMinRow, or with k above
 // len / kSampleMinRatio, start from the bottom; a sample of kSampleMin..kSampleMax scores
 // (1/64 of the row) estimates a floor that a little more than k elements reach.
@@ -266,24 +269,31 @@ inline std::uint64_t rank_key(std::uint32_t score, std::uint32_t col) {
 std::uint32_t reconstruct(Candidates& c, std::size_t n, std::size_t k, int score_bits) {
   std::uint32_t* __restrict score = c.score.data();
   std::uint32_t* __restrict col = c.col.data();
-  std::uint32_t* __restrict hist = c.hist.data();
-  const int shift = score_bits - kDigitBits;
-
-  std::fill(hist, hist + (std::size_t{1} << kDigitBits), 0u);
-  for (std::size_t i = 0; i < n; ++i) ++hist[score[i] >> shift];
   std::size_t need = k;
-  std::uint32_t digit = (1u << kDigitBits) - 1;
-  while (hist[digit] < need) need -= hist[digit--];
-
-  // The pivot bucket holds >= need candidates; the need-th best of them by rank_key is the
-  // exact k-th of the whole buffer, ties broken by column.
-  // The loop below writes one slot past the last bucket member; size for it (grows only).
-  if (c.bucket.size() <= hist[digit]) c.bucket.resize(hist[digit] + 1);
-  std::uint64_t* bucket = c.bucket.data();
   std::size_t m = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    bucket[m] = rank_key(score[i], col[i]);
-    m += (score[i] >> shift) == digit;
+  std::uint64_t* bucket;
+  if (n <= kDirectSelectMax) {
+    if (c.bucket.size() < n) c.bucket.resize(n);
+    bucket = c.bucket.data();
+    for (std::size_t i = 0; i < n; ++i) bucket[i] = rank_key(score[i], col[i]);
+    m = n;
+  } else {
+    std::uint32_t* __restrict hist = c.hist.data();
+    const int shift = score_bits - kDigitBits;
+    std::fill(hist, hist + (std::size_t{1} << kDigitBits), 0u);
+    for (std::size_t i = 0; i < n; ++i) ++hist[score[i] >> shift];
+    std::uint32_t digit = (1u << kDigitBits) - 1;
+    while (hist[digit] < need) need -= hist[digit--];
+
+    // The pivot bucket holds >= need candidates; the need-th best of them by rank_key is the
+    // exact k-th of the whole buffer, ties broken by column.
+    // The loop below writes one slot past the last bucket member; size for it (grows only).
+    if (c.bucket.size() <= hist[digit]) c.bucket.resize(hist[digit] + 1);
+    bucket = c.bucket.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      bucket[m] = rank_key(score[i], col[i]);
+      m += (score[i] >> shift) == digit;
+    }
   }
   std::nth_element(bucket, bucket + (need - 1), bucket + m, std::greater<>());
   const std::uint32_t pivot_score = static_cast<std::uint32_t>(bucket[need - 1] >> 32);

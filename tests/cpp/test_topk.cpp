@@ -63,6 +63,34 @@ TEST(Topk, ShortRowsEveryOption) {
   }
 }
 
+/// Rows of 511-513 columns, whose last select (one, over the whole row: k + max(2k, 256)
+/// exceeds N) runs on either side of the size where the CPU backend stops using its 12-bit
+/// histogram and selects among the (score, column) keys directly.
+TEST(Topk, RowsAroundTheDirectSelectSize) {
+  CaseChecker check;
+  std::uint64_t v = 0;
+  for (DType dtype : kFloatDTypes) {
+    for (Dist dist : kAllDists) {
+      for (std::int64_t n : {511, 512, 513}) {
+        for (std::int64_t k : {1, 192, 510}) {
+          TopkCase c;
+          c.dtype = dtype;
+          c.dist = dist;
+          c.seed = 5000 + v;
+          c.batch = 2;
+          c.n = n;
+          c.k = k;
+          c.largest = v % 2 == 0;
+          c.sorted = kAllOrders[v % 3];
+          c.nan = kAllNanPolicies[(v / 2) % 3];
+          ++v;
+          check(c);
+        }
+      }
+    }
+  }
+}
+
 /// Rows long enough for the fast path's sampled starting threshold (rows of >= 2^14 with
 /// k <= N / 16), several reconstructs (k + max(2k, 256) candidates each) and, where there are
 /// fewer rows than threads, rows cut into segments.
