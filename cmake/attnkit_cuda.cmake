@@ -12,7 +12,8 @@ if(_cuda MATCHES "^(ON|1|YES|Y|TRUE)$")
 elseif(_cuda MATCHES "^(OFF|0|NO|N|FALSE)$")
   set(_cuda OFF)
 elseif(NOT _cuda STREQUAL "AUTO")
-  message(FATAL_ERROR "ATTNKIT_CUDA='${ATTNKIT_CUDA}' must be AUTO, ON or OFF")
+  message(FATAL_ERROR "ATTNKIT_CUDA='${ATTNKIT_CUDA}' must be AUTO, ON or OFF (any case; also "
+                      "1/0, yes/no, y/n, true/false)")
 endif()
 
 set(ATTNKIT_WITH_CUDA OFF)
