@@ -58,9 +58,6 @@ class GilReleased {
 // Python objects -> TensorView
 // ---------------------------------------------------------------------------------------------
 
-/// A "raw view" tuple (data_ptr, shape, strides_in_elements, dtype_code, device_type,
-/// device_index), built by attnkit._arrays for NumPy arrays and torch tensors: cheaper than
-/// DLPack and free of DLPack's stream handshake and requires_grad refusal.
 /// A TensorView holds at most kMaxDims dimensions: checked before any is copied into it, on
 /// what the import holds (a DLPack producer may export another shape than its `.shape` said).
 void check_ndim(std::size_t ndim, const char* name) {
@@ -72,6 +69,9 @@ void check_ndim(std::size_t ndim, const char* name) {
   }
 }
 
+/// A "raw view" tuple (data_ptr, shape, strides_in_elements, dtype_code, device_type,
+/// device_index), built by attnkit._arrays for NumPy arrays and torch tensors: cheaper than
+/// DLPack and free of DLPack's stream handshake and requires_grad refusal.
 TensorView view_from_tuple(const nb::tuple& t, const char* name) {
   TensorView v;
   v.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(t[0]));
