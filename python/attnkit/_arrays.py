@@ -68,7 +68,7 @@ def dtype_name(dtype: Any) -> str:
 
 # What each array argument of topk takes, for messages about dtypes attnkit has no name for
 # (the C++ checks say it for the others); begin, end, index_offset and out_indices take ints.
-_EXPECTED_DTYPES = {"x": "float32, bfloat16 or float16", "out_values": "x.dtype"}
+_EXPECTED_DTYPES = {"x": ", ".join(X_DTYPES[:-1]) + " or " + X_DTYPES[-1], "out_values": "x.dtype"}
 
 
 def no_such_dtype(name: str, dtype: Any) -> TypeError:
