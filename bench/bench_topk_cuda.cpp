@@ -3,7 +3,7 @@
 // and for profilers (ncu/nsys see only the top-k kernels and an L2-flushing memset).
 //
 // Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S]
-//                           [--sorted none|index|value] [CASE ...]
+//                           [--sorted none|index|value] [--warm-code 0|1] [CASE ...]
 //   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
 //          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool values = true;
   bool clean_flush = true;
+  bool warm_code = false;
   attnkit::TopkOrder order = attnkit::TopkOrder::kNone;
   std::uint64_t seed = 42;
   std::vector<Case> list;
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S] "
-          "[--sorted none|index|value] [CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
+          "[--sorted none|index|value] [--warm-code 0|1] [CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
           "  Times attnkit::topk on GPU 0 (a CUDA-graph replay per repeat, L2 flushed); without\n"
           "  cases it runs the shapes of bench/bench_topk.py.\n");
       return 0;
@@ -122,6 +123,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bad --sorted '%s' (want none, index or value)\n", mode.c_str());
         return 2;
       }
+    } else if (a == "--warm-code" && i + 1 < argc) {
+      warm_code = std::atoi(argv[++i]) != 0;
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else {
@@ -198,38 +201,46 @@ int main(int argc, char** argv) {
       ends[b] = static_cast<std::int32_t>(c.causal ? (c.n * (b + 1) + c.batch - 1) / c.batch : c.n);
       valid += ends[b];
     }
-    void *x = nullptr, *vals = nullptr, *idx = nullptr, *end = nullptr, *ws = nullptr;
+    // One call's buffers and its captured graph; the decoy of --warm-code gets a set of its own.
+    struct Call {
+      void *x = nullptr, *vals = nullptr, *idx = nullptr, *end = nullptr, *ws = nullptr;
+      std::size_t ws_bytes = 0;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+    };
     const std::int64_t kk = std::max<std::int64_t>(c.k, 1);
-    cuda_ok(cudaMalloc(&x, host.size()), "cudaMalloc(x)");
-    cuda_ok(cudaMalloc(&vals, static_cast<std::size_t>(c.batch * kk) * elem), "cudaMalloc(values)");
-    cuda_ok(cudaMalloc(&idx, static_cast<std::size_t>(c.batch * kk) * 4), "cudaMalloc(indices)");
-    cuda_ok(cudaMalloc(&end, ends.size() * 4), "cudaMalloc(end)");
-    cuda_ok(cudaMemcpy(x, host.data(), host.size(), cudaMemcpyHostToDevice), "copy x");
-    cuda_ok(cudaMemcpy(end, ends.data(), ends.size() * 4, cudaMemcpyHostToDevice), "copy end");
-
-    attnkit::TopkTensors t;
-    t.x = attnkit::TensorView::make(x, c.dtype, gpu, {c.batch, c.n});
-    if (c.with_end) t.end = attnkit::TensorView::make(end, attnkit::DType::kInt32, gpu, {c.batch});
-    if (values) t.out_values = attnkit::TensorView::make(vals, c.dtype, gpu, {c.batch, c.k});
-    t.out_indices = attnkit::TensorView::make(idx, attnkit::DType::kInt32, gpu, {c.batch, c.k});
-    attnkit::TopkOptions o;
-    o.k = c.k;
-    o.sorted = order;
-    std::size_t ws_bytes = attnkit::topk_workspace_size(t, o);
-    cuda_ok(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)), "cudaMalloc(workspace)");
-
-    attnkit::topk(ws, ws_bytes, t, o, stream);  // warm-up, outside the graph
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    attnkit::topk(ws, ws_bytes, t, o, stream);
-    cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    auto prepare = [&](Call& call) {
+      cuda_ok(cudaMalloc(&call.x, host.size()), "cudaMalloc(x)");
+      cuda_ok(cudaMalloc(&call.vals, static_cast<std::size_t>(c.batch * kk) * elem), "cudaMalloc(values)");
+      cuda_ok(cudaMalloc(&call.idx, static_cast<std::size_t>(c.batch * kk) * 4), "cudaMalloc(indices)");
+      cuda_ok(cudaMalloc(&call.end, ends.size() * 4), "cudaMalloc(end)");
+      cuda_ok(cudaMemcpy(call.x, host.data(), host.size(), cudaMemcpyHostToDevice), "copy x");
+      cuda_ok(cudaMemcpy(call.end, ends.data(), ends.size() * 4, cudaMemcpyHostToDevice), "copy end");
+      attnkit::TopkTensors t;
+      t.x = attnkit::TensorView::make(call.x, c.dtype, gpu, {c.batch, c.n});
+      if (c.with_end) t.end = attnkit::TensorView::make(call.end, attnkit::DType::kInt32, gpu, {c.batch});
+      if (values) t.out_values = attnkit::TensorView::make(call.vals, c.dtype, gpu, {c.batch, c.k});
+      t.out_indices = attnkit::TensorView::make(call.idx, attnkit::DType::kInt32, gpu, {c.batch, c.k});
+      attnkit::TopkOptions o;
+      o.k = c.k;
+      o.sorted = order;
+      call.ws_bytes = attnkit::topk_workspace_size(t, o);
+      cuda_ok(cudaMalloc(&call.ws, std::max<std::size_t>(call.ws_bytes, 1)), "cudaMalloc(workspace)");
+      attnkit::topk(call.ws, call.ws_bytes, t, o, stream);  // warm-up, outside the graph
+      cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+      attnkit::topk(call.ws, call.ws_bytes, t, o, stream);
+      cuda_ok(cudaStreamEndCapture(stream, &call.graph), "end capture");
+      cuda_ok(cudaGraphInstantiate(&call.exec, call.graph, 0), "instantiate");
+    };
+    Call timed, decoy;
+    prepare(timed);
+    if (warm_code) prepare(decoy);
     std::vector<float> us;
     for (int r = 0; r < reps; ++r) {
       flush_l2(r);
+      if (warm_code) cuda_ok(cudaGraphLaunch(decoy.exec, stream), "replay (decoy)");
       cuda_ok(cudaEventRecord(t0, stream), "record");
-      cuda_ok(cudaGraphLaunch(exec, stream), "replay");
+      cuda_ok(cudaGraphLaunch(timed.exec, stream), "replay");
       cuda_ok(cudaEventRecord(t1, stream), "record");
       cuda_ok(cudaEventSynchronize(t1), "sync");
       float ms = 0;
@@ -245,9 +256,11 @@ int main(int argc, char** argv) {
                 static_cast<long long>(c.k), c.causal ? "yes" : (c.with_end ? "end" : "no"), values ? "yes" : "no", med,
                 bytes / med / 1e6);
     std::fflush(stdout);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    for (void* p : {x, vals, idx, end, ws}) cudaFree(p);
+    for (Call* call : {&timed, &decoy}) {
+      if (call->exec != nullptr) cudaGraphExecDestroy(call->exec);
+      if (call->graph != nullptr) cudaGraphDestroy(call->graph);
+      for (void* p : {call->x, call->vals, call->idx, call->end, call->ws}) cudaFree(p);
+    }
   }
   return 0;
 }
