@@ -623,7 +623,7 @@ TEST_F(TopkCuda, FilterSlicesShareTheRowsFloor) {
 // the bottom (k = 600, 700 or 2048, above the floor's rank of 42-175 samples); descending rows
 // put the best at the start. Each case but the bait runs again with ragged rows in the other
 // direction; those take the ragged-row policy (three CTAs an SM) where its buffers fit with the
-// full slack (every k here but 2048).
+// full slack (every k here but 16-bit 2048).
 TEST_F(TopkCuda, FilterSampledFloorDistributions) {
   std::uint64_t seed = 4600;
   int index = 0;
@@ -653,6 +653,34 @@ TEST_F(TopkCuda, FilterSampledFloorDistributions) {
     }
   }
 }
+
+// More rows than SMs whose narrow-policy lists fit only with room for the slack and one round
+// (16-bit k > 1024 on rows of at least 256 KB, fp32 k = 4096; buffer_plan): before the first
+// select the newcomers join the survivors, or are selected with them once there are more than
+// k, each time they fill that room. Ascending rows admit every element, ties cross the joins,
+// and the bait (the best values at the sampled vectors) sends rows to the rescan. Split by
+// width so that the sanitizers can take the shorter fp32 rows alone.
+void check_small_room_rows(DType dtype, std::int64_t n, std::int64_t k, std::uint64_t seed) {
+  for (Dist d : {Dist::kNormal, Dist::kAscending, Dist::kDescending, Dist::kTies, Dist::kSampleBait}) {
+    Case c;
+    c.dtype = dtype;
+    c.batch = rows_past_sms();
+    c.n = n;
+    c.k = k;
+    c.dist = d;
+    c.order = d == Dist::kTies ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
+    c.values = seed % 2 == 0;
+    c.seed = seed++;
+    check_case(c);
+  }
+}
+
+TEST_F(TopkCuda, FilterSmallRoom16Bit) {
+  check_small_room_rows(DType::kBFloat16, 131072, 2048, 4700);
+  check_small_room_rows(DType::kFloat16, 131072, 1500, 4710);
+}
+
+TEST_F(TopkCuda, FilterSmallRoomFp32) { check_small_room_rows(DType::kFloat32, 65536, 4096, 4720); }
 
 // More ragged rows than SMs, each longer than the short-row kernel's limit: the ragged-row
 // policy (three filter CTAs an SM), small enough for racecheck. Every distribution, the three

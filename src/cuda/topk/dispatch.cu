@@ -50,6 +50,17 @@ using cuda::TopkPlan;
 
 constexpr std::size_t kAlign = 256;
 
+/// Rows of at least this many bytes may take the narrow or the ragged-row policy with a
+/// newcomer list that has room for the slack and a round only (BufferPlan::small_room: 16-bit
+/// k = 1025-2048 and fp32 k = 2049-4096 in rounds of four, with a slack of 1024; fp32 ragged
+/// rows with k = 1153-2048). Its earlier selects cost the same on every row, while rounds of
+/// four, or three CTAs an SM, save more the longer the row (runs 169-171, 256 rows of bf16 with
+/// k=2048 against rounds of two: 65536 columns 0.97-0.98x, 131072 1.05x, 1M 1.14x; fp32
+/// 256 x 129280 k=4096 1.07x against 512-thread CTAs, causal 2048 x 65536 k=2048 1.10x). Rounds
+/// of two with the small room lost to 512-thread CTAs (bf16 256 x 65536 k=4096 0.94x, run 171)
+/// and are not taken.
+constexpr std::int64_t kSmallRoomMinBytes = 256 * 1024;
+
 std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 int sm_count(int device) {
@@ -292,14 +303,18 @@ Launch make_launch(const TopkProblem& p) {
         k, cuda::TriplePolicy::round(elem), cuda::kTripleSmem, p.row_len, sorted);
     const cuda::BufferPlan triple_full = cuda::buffer_plan(
         k, cuda::TriplePolicy::round(elem), cuda::kMaxDynamicSmem, p.row_len, sorted);
+    const bool long_rows = p.row_len * static_cast<std::int64_t>(elem) >= kSmallRoomMinBytes;
     if (p.batch >= sms && p.end.data != nullptr && triple.smem() <= cuda::kTripleSmem &&
-        triple.limit == triple_full.limit && triple_fits_three(p)) {
+        triple.limit == triple_full.limit && (!triple.small_room || long_rows) &&
+        triple_fits_three(p)) {
       plan.policy = RowsPolicy::kTriple;
       plan.rows = triple;
-    } else if (p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem) {
+    } else if (p.batch >= sms && narrow.smem() <= cuda::kNarrowSmem &&
+               (!narrow.small_room || long_rows)) {
       plan.policy = RowsPolicy::kNarrow;
       plan.rows = narrow;
-    } else if (p.batch >= sms && narrow_half.smem() <= cuda::kNarrowSmem) {
+    } else if (p.batch >= sms && narrow_half.smem() <= cuda::kNarrowSmem &&
+               !narrow_half.small_room) {
       plan.policy = RowsPolicy::kNarrowHalfRound;
       plan.rows = narrow_half;
     } else {
@@ -338,6 +353,7 @@ Launch make_launch(const TopkProblem& p) {
       all.newcomer_slots = static_cast<std::uint32_t>(
           std::min<std::int64_t>(std::max<std::int64_t>(lists, all.newcomer_slots),
                                  65535 - 2 * static_cast<std::int64_t>(all.survivor_slots)));
+      all.newcomer_limit += all.newcomer_slots - plan.merge.newcomer_slots;
       if (all.newcomer_slots > plan.merge.newcomer_slots && all.smem() <= cuda::kMaxDynamicSmem) {
         plan.merge = all;
       }

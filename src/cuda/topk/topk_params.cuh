@@ -43,9 +43,10 @@ struct TopkKernelParams {
   ScoreParams sp;
   bool sort_by_value;
   std::uint32_t k_select;        // candidates a CTA keeps: min(k, N), at least 1
-  std::uint32_t limit;           // survivors + newcomers that trigger a select
+  std::uint32_t limit;           // survivors + newcomers that trigger a select: k + slack
+  std::uint32_t newcomer_limit;  // newcomers that make room before the first select
   std::uint32_t survivor_slots;  // per survivor list: next power of two >= k_select
-  std::uint32_t newcomer_slots;  // limit + one round of appends
+  std::uint32_t newcomer_slots;  // newcomer_limit + one round of appends
   // Short rows of 16-bit scores: words of the candidate list (0: no list, the registers are
   // resolved in place; topk_short_rows_kernel).
   std::uint32_t candidate_words;

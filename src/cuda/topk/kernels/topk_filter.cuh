@@ -18,7 +18,8 @@
 //                      newcomers are appended in column order (block prefix sums, one barrier
 //                      per round). When survivors + newcomers reach `limit`, select_into keeps
 //                      the best k in the other survivor list and the threshold rises to the
-//                      k-th key. Single-slice launches write the outputs; multi-slice launches
+//                      k-th key (FilterEngine::make_room: a newcomer list too small for k +
+//                      slack + round is emptied earlier before the first select). Single-slice launches write the outputs; multi-slice launches
 //                      write each slice's best k to workspace.
 //   topk_merge_kernel  one CTA per row: the slices' kept (key, column) lists, in column order
 //                      slice after slice, are copied into the newcomer list when they all fit
@@ -247,6 +248,20 @@ struct Prefilter {
 // The filter engine: per-CTA state and the steps every kernel shares
 // ---------------------------------------------------------------------------------------------
 
+/// Appends list `from` after the `to.n` entries of list `to`, once every thread's writes of
+/// `from` have landed; ends with a barrier. Not inlined: make_room takes it only before the
+/// first select, on plans whose newcomer list has room for the slack alone, and its code
+/// inlined into every round cost 1-4 % elsewhere (run 170).
+template <int kThreads>
+__device__ __noinline__ void append_list(Candidates to, Candidates from) {
+  __syncthreads();
+  for (std::uint32_t p = threadIdx.x; p < from.n; p += kThreads) {
+    to.key[to.n + p] = from.key[p];
+    to.col[to.n + p] = from.col[p];
+  }
+  __syncthreads();
+}
+
 template <class Traits, int kThreads>
 struct FilterEngine {
   static constexpr int kWarps = kThreads / kWarpSize;
@@ -265,7 +280,8 @@ struct FilterEngine {
   SelectScratch<kThreads>& scratch;
   std::uint32_t* warp_hits;  // [2][kMaxWords][32] packed counts, double-buffered by parity
   std::uint32_t k;           // candidates a select keeps
-  std::uint32_t limit;       // survivors + newcomers that trigger a select
+  std::uint32_t limit;           // survivors + newcomers that trigger a select
+  std::uint32_t newcomer_limit;  // newcomers that make room (newcomer_slots less a round)
   ScoreParams sp;
   std::uint32_t threshold = kExcludedScore;  // admit only scores above it
   Prefilter<Traits> pre;
@@ -335,11 +351,11 @@ struct FilterEngine {
     }
   }
 
-  /// Whether the sampled floor was too high: no select ran (a select leaves k >= 1
-  /// survivors, and only the floor sets a threshold otherwise) and fewer than k elements
-  /// were admitted, so the best k may lie below it.
+  /// Whether the sampled floor was too high: fewer than k elements were admitted (so no select
+  /// ran: a select leaves k survivors, and only the floor sets a threshold otherwise), and the
+  /// best k may lie below it.
   __device__ bool rescan_needed() const {
-    return floored && survivors_n == 0 && newcomers_n < k;
+    return floored && survivors_n + newcomers_n < k;
   }
 
   /// Back to an empty engine with no floor, for a rescan.
@@ -364,6 +380,31 @@ struct FilterEngine {
     current ^= 1u;
     survivors_n = k;
     newcomers_n = 0;
+  }
+
+  /// Appends the newcomers to the survivors, where they fit (at most k in all); the threshold
+  /// stays. Every thread calls it after its appends.
+  __device__ __forceinline__ void keep_newcomers() {
+    append_list<kThreads>(survivors(), newcomers());
+    survivors_n += newcomers_n;
+    newcomers_n = 0;
+  }
+
+  /// After a round's appends: a select once survivors and newcomers reach the limit. Before
+  /// the first select a plan may leave the newcomer list room for the slack and one round only
+  /// (buffer_plan); once the newcomers fill that room, they are selected with the survivors if
+  /// there are more than k of both, else they join the survivors. After the first select the
+  /// limit comes first (survivors are k).
+  __device__ __forceinline__ void make_room() {
+    if (survivors_n + newcomers_n >= limit) {
+      select();
+    } else if (newcomers_n >= newcomer_limit) {
+      if (survivors_n + newcomers_n > k) {
+        select();
+      } else {
+        keep_newcomers();
+      }
+    }
   }
 
   /// Appends this thread's winners of one round: for each of kU groups, the elements j whose
@@ -437,7 +478,7 @@ struct FilterEngine {
       }
     }
     newcomers_n = base;
-    if (survivors_n + newcomers_n >= limit) select();
+    make_room();
   }
 
   /// Appends every element of a full round, for rounds that start below every score (before
@@ -456,7 +497,7 @@ struct FilterEngine {
       }
     }
     newcomers_n += kU * kThreads * kV;
-    if (survivors_n + newcomers_n >= limit) select();
+    make_room();
   }
 
   /// Whether a round may take append_all.
@@ -471,6 +512,7 @@ struct FilterEngine {
     if (survivors_n + newcomers_n > k) {
       select();
     } else if (newcomers_n > 0) {  // everything fits: append the newcomers to the survivors
+      // Inline, with shared-memory addresses: a slice kept whole copies all its candidates here.
       const Candidates out = survivors(), nc = newcomers();
       for (std::uint32_t p = threadIdx.x; p < nc.n; p += kThreads) {
         out.key[out.n + p] = nc.key[p];
@@ -801,6 +843,7 @@ __device__ __forceinline__ FilterEngine<Traits, kThreads> make_engine(
                                    warp_hits,
                                    p.k_select,
                                    p.limit,
+                                   p.newcomer_limit,
                                    p.sp};
   e.set_threshold(kExcludedScore);
   return e;
