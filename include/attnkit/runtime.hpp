@@ -9,11 +9,13 @@ namespace attnkit {
 
 /// Threads the CPU backend uses (the caller's thread included). Initially the value of the
 /// environment variable `ATTNKIT_NUM_THREADS` when it is an integer in [1, 4096], else the
-/// number of hardware threads.
+/// number of hardware threads; fewer where the system starts fewer (a process or memory limit).
 int num_threads() noexcept;
 
 /// Resizes the CPU thread pool. `1 <= n <= 4096`.
-/// \throws Error(kValue) for n outside [1, 4096].
+/// \throws Error(kValue) for n outside [1, 4096], or when the system starts fewer threads
+/// (a process or memory limit); the pool then runs with those it started, which
+/// num_threads() reports.
 void set_num_threads(int n);
 
 /// True when this build contains the CUDA backend.

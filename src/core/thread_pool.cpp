@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <new>
 #include <string>
+#include <system_error>
 
 #include "attnkit/error.hpp"
 
@@ -66,17 +68,30 @@ ThreadPool& ThreadPool::global() {
   return *fresh;
 }
 
-ThreadPool::ThreadPool(int num_threads) { start(num_threads); }
+ThreadPool::ThreadPool(int num_threads) { start(num_threads); }  // as many as the system starts
 
 ThreadPool::~ThreadPool() { stop(); }
 
-void ThreadPool::start(int num_threads) {
+int ThreadPool::start(int num_threads) {
   stopping_ = false;
-  size_.store(num_threads, std::memory_order_relaxed);
   // The generation is read here, before any job can be published, so that a worker whose
   // thread starts late still joins the first job instead of taking its generation as seen.
   const std::uint64_t seen = generation_.load(std::memory_order_acquire);
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, seen] { worker_loop(seen); });
+  int started = 1;  // the caller's thread
+  // A process or memory limit (RLIMIT_NPROC, a container's pids.max, thread stacks beyond
+  // RLIMIT_AS) can refuse a thread: the pool then runs with those it has. Left to unwind, the
+  // exception would destroy the condition variable under the running workers (a hang) or
+  // joinable threads (std::terminate).
+  try {
+    workers_.reserve(static_cast<std::size_t>(num_threads - 1));
+    for (; started < num_threads; ++started) {
+      workers_.emplace_back([this, seen] { worker_loop(seen); });
+    }
+  } catch (const std::system_error&) {
+  } catch (const std::bad_alloc&) {
+  }
+  size_.store(started, std::memory_order_relaxed);
+  return started;
 }
 
 void ThreadPool::stop() {
@@ -97,7 +112,13 @@ void ThreadPool::resize(int num_threads) {
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
   stop();
-  start(num_threads);
+  const int started = start(num_threads);
+  if (started < num_threads) {
+    throw Error(ErrorCode::kValue, "set_num_threads: n = " + std::to_string(num_threads) +
+                                       " is more threads than the system starts now (a process "
+                                       "or memory limit); the pool runs " +
+                                       std::to_string(started));
+  }
 }
 
 void ThreadPool::run_tasks(Job& job) {

@@ -23,8 +23,11 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  /// Threads that run a parallel_for, the caller's included.
+  /// Threads that run a parallel_for, the caller's included: those the system started, at
+  /// most the count asked for.
   int size() const noexcept { return size_.load(std::memory_order_relaxed); }
+  /// Restarts the pool with `num_threads` threads; throws Error(kValue) for a count outside
+  /// [1, 4096], or when the system starts fewer (the pool then runs those).
   void resize(int num_threads);
 
   /// Calls fn(i) once for every i in [0, n), spread over the pool, and returns when all
@@ -46,7 +49,7 @@ class ThreadPool {
     std::mutex error_mutex;
   };
 
-  void start(int num_threads);
+  int start(int num_threads);  // returns the threads started, the caller's included
   void stop();
   void worker_loop(std::uint64_t seen);
   static void run_tasks(Job& job);

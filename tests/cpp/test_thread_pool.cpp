@@ -3,10 +3,14 @@
 // Tests that would hang on a lost wake-up or a worker that never exits run under a deadlock
 // watchdog, so a hang is reported as a failure instead of stalling the suite.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <memory>
@@ -260,6 +264,59 @@ TEST(ThreadPool, PublicThreadCount) {
   EXPECT_EQ(attnkit::num_threads(), 3);
   attnkit::set_num_threads(saved);
   EXPECT_EQ(attnkit::num_threads(), saved);
+}
+
+// Bytes of address space the process maps now (/proc/self/statm's first field).
+std::size_t mapped_bytes() {
+  unsigned long pages = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  return static_cast<std::size_t>(pages) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Under an address-space limit with room for a few thread stacks only (a limit that binds root
+// too), a pool asked for 4096 threads runs with those the system started: the constructor
+// neither hangs nor aborts, parallel_for runs every task, and resize reports the shortfall as
+// Error(kValue) and keeps a usable pool. In a forked child, whose alarm turns a hang into a
+// failed exit.
+TEST(ThreadPool, RunsWithTheThreadsTheSystemStarts) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(60);
+    rlimit limit{};
+    getrlimit(RLIMIT_AS, &limit);
+    limit.rlim_cur = mapped_bytes() + (std::size_t{256} << 20);
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(2);
+    int code = 0;
+    {
+      ThreadPool pool(4096);
+      const int started = pool.size();
+      if (started < 1 || started >= 4096) code |= 4;
+      std::atomic<std::int64_t> sum{0};
+      pool.parallel_for(1000, [&](std::int64_t i) { sum += i; });
+      if (sum != 999 * 1000 / 2) code |= 8;
+      bool reported = false;
+      try {
+        pool.resize(4096);
+      } catch (const attnkit::Error& e) {
+        reported = e.code() == attnkit::ErrorCode::kValue &&
+                   std::string(e.what()).find("n = 4096") != std::string::npos;
+      }
+      if (!reported || pool.size() >= 4096) code |= 16;
+      sum = 0;
+      pool.parallel_for(100, [&](std::int64_t i) { sum += i; });
+      if (sum != 99 * 100 / 2) code |= 32;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung (alarm) or crashed: status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "failed checks (bits): 2 setrlimit, 4 pool size, "
+                                       "8 parallel_for, 16 resize's error, 32 after resize";
 }
 
 }  // namespace
