@@ -43,9 +43,18 @@ def _torch():
     return sys.modules.get("torch")
 
 
+_tensor_type: Any = None  # torch.Tensor, once torch is imported
+
+
 def is_torch(a: Any) -> bool:
-    torch = _torch()
-    return torch is not None and isinstance(a, torch.Tensor)
+    # Asked of every argument of every call: the class is looked up once, not each time.
+    global _tensor_type
+    if _tensor_type is None:
+        tensor = getattr(_torch(), "Tensor", None)  # None while torch is being imported
+        if tensor is None:
+            return False
+        _tensor_type = tensor
+    return isinstance(a, _tensor_type)
 
 
 def dtype_name(dtype: Any) -> str:

@@ -87,7 +87,7 @@ class DemoUsageError(Exception):
 
 def select_cases(spec: Optional[str], device: str) -> list[Case]:
     usable = [c for c in CASES if device == "cuda" or not c.gpu_only]
-    if not spec:
+    if spec is None:
         return usable
     chosen: list[Case] = []
     patterns = [p.strip() for p in spec.split(",") if p.strip()]

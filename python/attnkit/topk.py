@@ -138,7 +138,7 @@ def topk(
         out; given, it must be ``out_indices``' dtype (ValueError otherwise).
     return_values : bool
         Return the values too (default). With False the first result is None.
-    out_values, out_indices : array of shape [B, k], optional
+    out_values, out_indices : array of shape [B, k] ([k] for x of shape [N]), optional
         Caller buffers written in place (any row stride whose rows do not overlap, last
         dimension contiguous).
     index_offset : array of shape [B], int32 or int64, optional
@@ -166,7 +166,7 @@ def topk(
     Returns
     -------
     TopkResult
-        A named tuple ``(values, indices)``:
+        A named tuple ``(values, indices)``, each [B, k] ([k] for x of shape [N]):
         ``values``, array [B, k] of x's dtype, or None: the selected values, bit-identical to
         the input elements; ``indices``, array [B, k] of ``indices_dtype``: their column
         indices (plus ``index_offset``). With torch tensors that require grad (and grad mode

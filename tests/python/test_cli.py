@@ -34,6 +34,7 @@ def restore_threads():
     (["topk", "-k", "3", "-i", "x.npy"], "the following arguments are required: --output"),
     (["demo", "--quick", "--warmup", "-3"], "--warmup -3: must be >= 0"),
     (["demo", "--quick", "--cases", ","], "--cases ',': no pattern given"),
+    (["demo", "--quick", "--cases", ""], "--cases '': no pattern given"),
     (["demo", "--quick", "--cases", "no-such-case"], "no case matches 'no-such-case'"),
     (["demo", "--quick", "--json", "/nonexistent-folder/out.json"], "does not exist"),
 ])
