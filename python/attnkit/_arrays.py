@@ -198,11 +198,12 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
         except KeyError:
             raise no_such_dtype(name, a.dtype) from None
         item = a.dtype.itemsize
-        if any(s % item for s in a.strides):
-            raise ValueError(f"topk: {name} has byte strides {a.strides} that are not multiples of its "
+        strides = a.strides
+        # map over the int methods rather than generators: this runs for every array of a call.
+        if sum(map(item.__rmod__, strides)):  # remainders are >= 0: nonzero when one is
+            raise ValueError(f"topk: {name} has byte strides {strides} that are not multiples of its "
                              f"itemsize {item}")
-        return (a.__array_interface__["data"][0], a.shape,
-                tuple(s // item for s in a.strides), code, 0, 0)
+        return (a.ctypes.data, a.shape, tuple(map(item.__rfloordiv__, strides)), code, 0, 0)
     if is_torch(a):
         if a.is_neg() or a.is_conj():
             what = "output" if writable else "input (resolve it first)"
