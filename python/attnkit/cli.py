@@ -13,6 +13,7 @@ error (reported in one line, without a traceback).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import sys
@@ -84,18 +85,25 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
         raise InputError(f"{what} {path}: no such file")
     if is_dir:
         raise InputError(f"{what} {path}: is a directory, not a .npy file")
+    # One open: a pipe (/dev/stdin, a shell's <(...)) cannot be read from the start again.
     try:
         with open(p, "rb") as f:
             magic = f.read(6)
+            if magic != b"\x93NUMPY":
+                hint = (" (it is a zip archive such as .npz; pass a .npy file)"
+                        if magic[:2] == b"PK" else "")
+                raise InputError(f"{what} {path}: not a .npy file{hint}")
+            if f.seekable():
+                f.seek(0)
+                source = f
+            else:
+                source = io.BytesIO(magic + f.read())
+            try:
+                a = np.load(source, allow_pickle=False)
+            except Exception as e:  # numpy raises ValueError, OSError or EOFError for broken headers
+                raise InputError(f"{what} {path}: unreadable .npy file: {_one_line(e)}") from None
     except OSError as e:
         raise InputError(f"{what} {path}: cannot read: {e.strerror or _one_line(e)}") from None
-    if magic != b"\x93NUMPY":
-        hint = " (it is a zip archive such as .npz; pass a .npy file)" if magic[:2] == b"PK" else ""
-        raise InputError(f"{what} {path}: not a .npy file{hint}")
-    try:
-        a = np.load(p, allow_pickle=False)
-    except Exception as e:  # numpy raises ValueError, OSError or EOFError for broken headers
-        raise InputError(f"{what} {path}: unreadable .npy file: {_one_line(e)}") from None
 
     dt = a.dtype
     # NumPy stores ml_dtypes.bfloat16 as a plain 2-byte void ('<V2'): read it back as bfloat16.

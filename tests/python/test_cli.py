@@ -213,3 +213,17 @@ def test_demo_into_a_closed_pipe_stops_quietly():
     err = demo.stderr.read().decode()
     assert demo.wait(timeout=120) == 141 and head.returncode == 0
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+def test_topk_command_reads_its_input_from_a_pipe(tmp_path):
+    # A pipe cannot be reopened or rewound: the whole file has to come from one read.
+    x = make_rows("normal@1", (4, 50), "float32", rng_for("cli_pipe"))
+    buffer = tmp_path / "x.npy"
+    np.save(buffer, x)
+    out = tmp_path / "top.npz"
+    run = subprocess.run([sys.executable, "-m", "attnkit", "topk", "-i", "/dev/stdin", "-k", "5",
+                          "-o", str(out)], input=buffer.read_bytes(), capture_output=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    got = np.load(out)
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 5), "topk from a pipe")
