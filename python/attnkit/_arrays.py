@@ -20,6 +20,8 @@ import numpy as np
 # module lock, which a process forked meanwhile inherits held (its first call would hang).
 import numpy.ma
 
+from . import _ext
+
 # attnkit::DType enumerators, in order.
 DTYPE_NAMES = (
     "float32", "bfloat16", "float16", "int32", "int64", "float64",
@@ -36,6 +38,8 @@ _NUMPY_DTYPES = {
     "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
 }
 _NUMPY_NAMES = {dt: name for name, dt in _NUMPY_DTYPES.items()}
+_NUMPY_CODES = {dt: DTYPE_CODES[name] for dt, name in _NUMPY_NAMES.items()}
+_MASKED_ARRAY = np.ma.MaskedArray
 
 
 def _torch():
@@ -44,17 +48,42 @@ def _torch():
 
 
 _tensor_type: Any = None  # torch.Tensor, once torch is imported
+_strided: Any = None  # torch.strided, with it
 
 
 def is_torch(a: Any) -> bool:
-    # Asked of every argument of every call: the class is looked up once, not each time.
-    global _tensor_type
+    # Asked of every argument of every call: the class is looked up once, not each time, and
+    # the common answers come first (isinstance is slower on what is not a tensor, through
+    # torch.Tensor's metaclass).
+    global _tensor_type, _strided
+    cls = type(a)
+    if cls is _tensor_type:
+        return True
+    if cls is np.ndarray or a is None:
+        return False
     if _tensor_type is None:
-        tensor = getattr(_torch(), "Tensor", None)  # None while torch is being imported
-        if tensor is None:
+        torch = _torch()
+        tensor = getattr(torch, "Tensor", None)  # None while torch is being imported
+        strided = getattr(torch, "strided", None)
+        if tensor is None or strided is None:
             return False
-        _tensor_type = tensor
+        _tensor_type, _strided = tensor, strided
     return isinstance(a, _tensor_type)
+
+
+# attnkit's name of each torch dtype seen so far that has one: str(dtype) costs more than a
+# dict lookup, and runs for every tensor of every call.
+_TORCH_NAMES: dict = {}
+
+
+def _torch_dtype_name(dtype: Any) -> Optional[str]:
+    name = _TORCH_NAMES.get(dtype)
+    if name is None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in DTYPE_CODES:
+            return None
+        _TORCH_NAMES[dtype] = name
+    return name
 
 
 def dtype_name(dtype: Any) -> str:
@@ -65,8 +94,8 @@ def dtype_name(dtype: Any) -> str:
         raise TypeError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
     torch = _torch()
     if torch is not None and isinstance(dtype, torch.dtype):
-        name = str(dtype).removeprefix("torch.")
-        if name in DTYPE_CODES:
+        name = _torch_dtype_name(dtype)
+        if name is not None:
             return name
         raise TypeError(f"dtype {dtype} has no attnkit equivalent")
     try:
@@ -111,7 +140,10 @@ def check_byte_order(a: np.ndarray, name: str) -> None:
 def check_array(a: Any, name: str) -> None:
     """NumPy arrays, torch tensors and DLPack producers pass; anything else (lists, tuples,
     memoryviews, ctypes arrays) is refused by name rather than guessed at."""
-    if isinstance(a, np.ma.MaskedArray):
+    cls = type(a)
+    if cls is np.ndarray or cls is _tensor_type:
+        return  # the common cases, at once
+    if isinstance(a, _MASKED_ARRAY):
         raise TypeError(f"topk: {name} is a NumPy masked array, whose mask attnkit would ignore; "
                         f"pass {name}.filled(value) or {name}.data")
     if isinstance(a, np.ndarray) or is_torch(a) or hasattr(type(a), "__dlpack__"):
@@ -159,6 +191,8 @@ def resolved(a: Any, name: str) -> Any:
       the producer with the shape and dtype of its DLPack import (_DLPackSource); on a GPU,
       torch's import of it.
     The caller holds the result for the duration of the call."""
+    if a is None or type(a) is np.ndarray:
+        return a
     if is_torch(a):
         return a.resolve_neg().resolve_conj() if a.is_neg() or a.is_conj() else a
     if (a is None or isinstance(a, np.ndarray) or not hasattr(type(a), "__dlpack__")
@@ -185,44 +219,41 @@ _MAX_DIMS = 6  # attnkit::kMaxDims
 def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     """What the extension takes for array `a`: a raw-view tuple, or `a` itself for DLPack."""
     check_array(a, name)
-    ndim = len(getattr(a, "shape", ()))
-    if ndim > _MAX_DIMS:
-        raise ValueError(f"topk: {name} has {ndim} dimensions (shape {tuple(a.shape)}); topk "
-                         f"takes x as [B, N] or [N], and [B] or [B, k] for the others")
+    shape = getattr(a, "shape", ())
+    if len(shape) > _MAX_DIMS:
+        raise ValueError(f"topk: {name} has {len(shape)} dimensions (shape {tuple(shape)}); "
+                         f"topk takes x as [B, N] or [N], and [B] or [B, k] for the others")
     if isinstance(a, np.ndarray):
         if writable and not a.flags.writeable:
             raise ValueError(f"topk: {name} is read-only; outputs must be writable")
-        check_byte_order(a, name)
-        try:
-            code = DTYPE_CODES[_NUMPY_NAMES[a.dtype]]
-        except KeyError:
-            raise no_such_dtype(name, a.dtype) from None
-        item = a.dtype.itemsize
-        strides = a.strides
-        # map over the int methods rather than generators: this runs for every array of a call.
-        if sum(map(item.__rmod__, strides)):  # remainders are >= 0: nonzero when one is
-            raise ValueError(f"topk: {name} has byte strides {strides} that are not multiples of its "
-                             f"itemsize {item}")
-        return (a.ctypes.data, a.shape, tuple(map(item.__rfloordiv__, strides)), code, 0, 0)
+        code = _NUMPY_CODES.get(a.dtype)  # native byte order only: no other dtype equals these
+        if code is None:
+            check_byte_order(a, name)
+            raise no_such_dtype(name, a.dtype)
+        ptr, strides = _ext.ndarray_data(a)
+        if strides is None:
+            raise ValueError(f"topk: {name} has byte strides {a.strides} that are not multiples "
+                             f"of its itemsize {a.dtype.itemsize}")
+        return (ptr, shape, strides, code, 0, 0)
     if is_torch(a):
         if a.is_neg() or a.is_conj():
             what = "output" if writable else "input (resolve it first)"
             raise ValueError(f"topk: {name} is a torch view with its negative or conjugate bit "
                              f"set, which attnkit cannot read or write as memory; pass a plain "
                              f"tensor as this {what}")
-        if a.layout != _torch().strided:
+        if a.layout != _strided:
             raise TypeError(f"topk: {name} has layout {a.layout}; expected a strided (dense) tensor")
-        try:
-            code = DTYPE_CODES[str(a.dtype).removeprefix("torch.")]
-        except KeyError:
-            raise no_such_dtype(name, a.dtype) from None
-        dev = a.device
-        if dev.type == "cpu":
+        known = _torch_dtype_name(a.dtype)
+        if known is None:
+            raise no_such_dtype(name, a.dtype)
+        # is_cpu/is_cuda/get_device() rather than a.device.type: no device object per call.
+        if a.is_cpu:
             device_type, index = 0, 0
-        elif dev.type == "cuda":
-            device_type, index = 1, dev.index if dev.index is not None else 0
+        elif a.is_cuda:
+            device_type, index = 1, a.get_device()
         else:
-            raise ValueError(f"topk: {name} is on device {dev}; attnkit runs on cpu and cuda tensors")
+            raise ValueError(f"topk: {name} is on device {a.device}; attnkit runs on cpu and cuda "
+                             "tensors")
         ptr = a.data_ptr()
         if ptr == 0 and a.numel() > 0:
             # Wrapper subclasses (e.g. a __torch_dispatch__ tensor over others) and zero tensors
@@ -231,7 +262,8 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
                              f"storage of its own, as tensor subclasses that wrap others and "
                              f"zero tensors; pass a plain dense tensor, or call "
                              f"torch.ops.attnkit.topk, which dispatches through subclasses")
-        return (ptr, tuple(a.shape), tuple(a.stride()), code, device_type, index)
+        # a.shape is a torch.Size, a tuple, as the extension takes it.
+        return (ptr, shape, a.stride(), DTYPE_CODES[known], device_type, index)
     return a
 
 
@@ -260,25 +292,39 @@ def physical_memory() -> Optional[int]:
         return None
 
 
-def empty(ref: Any, shape: tuple[int, ...], dtype: str) -> Any:
-    """An uninitialised array of `shape` and `dtype` in ref's framework and on ref's device."""
-    if is_torch(ref):
+def empty_with_view(ref: Any, ref_view: Any, shape: tuple[int, ...], dtype: str,
+                    name: str) -> tuple[Any, Any]:
+    """An uninitialised array of `shape` and `dtype` in ref's framework and on ref's device, and
+    its raw view (`ref_view` is ref's). An array made here has ref's device, the dtype asked for
+    and memory of its own, so its view is read off it rather than checked as a caller's buffer
+    is, which would cost more than the allocation."""
+    if type(ref_view) is tuple:  # ref is a NumPy array or a torch tensor
+        if isinstance(ref, np.ndarray):
+            out = np.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+            ptr, strides = _ext.ndarray_data(out)
+            return out, (ptr, shape, strides, DTYPE_CODES[dtype], 0, 0)
         torch = _torch()
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
+        # The sizes as separate arguments: torch parses them faster than a tuple.
+        out = torch.empty(*shape, dtype=getattr(torch, dtype), device=ref.device)
+        return out, (out.data_ptr(), shape, out.stride(), DTYPE_CODES[dtype], ref_view[4],
+                     ref_view[5])
     module = type(ref).__module__.split(".")[0]
     if module == "cupy":
         import cupy
 
-        return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
-    if device_of(ref)[0] != "cpu":
+        out = cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+    elif device_of(ref)[0] != "cpu":
         raise ValueError(f"attnkit cannot allocate outputs for a {type(ref).__name__} on "
                          f"{device_of(ref)}; pass out_values/out_indices")
-    return np.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+    else:
+        out = np.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+    return out, raw_view(out, name, writable=True)
 
 
 def to_caller(result: Any, ref: Any) -> Any:
-    """`result` (allocated by `empty`) in ref's framework: unchanged for NumPy, torch and CuPy;
-    converted for other frameworks that only lent their arrays through DLPack (e.g. JAX)."""
+    """`result` (allocated by `empty_with_view`) in ref's framework: unchanged for NumPy, torch
+    and CuPy; converted for other frameworks that only lent their arrays through DLPack (e.g.
+    JAX)."""
     if isinstance(ref, np.ndarray) or is_torch(ref) or isinstance(result, type(ref)):
         return result
     module = type(ref).__module__.split(".")[0]
@@ -291,12 +337,14 @@ def to_caller(result: Any, ref: Any) -> Any:
 
 def current_stream(ref: Any) -> int:
     """The CUDA stream the caller's framework is using for ref's device (0 on the CPU)."""
-    kind, index = device_of(ref)
-    if kind != "cuda":
+    if isinstance(ref, np.ndarray):
         return 0
     if is_torch(ref):
-        torch = _torch()
-        return torch.cuda.current_stream(index).cuda_stream
+        if not ref.is_cuda:
+            return 0
+        return _torch().cuda.current_stream(ref.get_device()).cuda_stream
+    if device_of(ref)[0] != "cuda":
+        return 0
     if type(ref).__module__.split(".")[0] == "cupy":
         import cupy
 

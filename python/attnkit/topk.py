@@ -38,6 +38,8 @@ def _integer(name: str, value: Any, rule: str) -> int:
     """`value` as a Python int: an integer, or a 0-d integer array or tensor (not a bool, nor
     one of several elements, which torch's __index__ would take). `rule` is the range the C++
     layer checks, said here for values beyond int64, which cannot reach it."""
+    if type(value) is int and -2**63 <= value < 2**63:
+        return value  # what the checks below return for it, at a fraction of their cost
     dtype = str(getattr(value, "dtype", ""))
     if (isinstance(value, (bool, np.bool_)) or dtype in ("bool", "torch.bool")
             or getattr(value, "ndim", 0) != 0):
@@ -61,6 +63,13 @@ def _real(name: str, value: Any) -> float:
 
 def _choice(name: str, value: Any, table: dict) -> int:
     # Keys are strings, bools and None: an int equal to a bool (1 == True) is not a choice.
+    # Values of exactly those types are looked up at once (the common call); the rest, among
+    # them subclasses and NumPy bools, below.
+    cls = type(value)
+    if cls is str or cls is bool or value is None:
+        code = table.get(value)
+        if code is not None:
+            return code
     known = isinstance(value, (str, bool, np.bool_)) or value is None
     try:
         if known:
@@ -225,11 +234,13 @@ def topk(
     check_code = _choice("check", check, _CHECKS)
     backend_code = _choice("backend", backend, _BACKENDS)
     torch_module = _arrays._torch()
-    if not (isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
+    # A k that may be traced (t.item() under torch.compile) is left to the op's fake kernel,
+    # which checks it without the guard that operator.index would ask for. An int within int64
+    # is what _integer would return, so the compile state is not asked for it.
+    if not (type(k) is int and -2**63 <= k < 2**63) and not (
+            isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
             and torch_module.compiler.is_compiling()):
         k = _integer("k", k, "must be in [0, 2^31 - 1]")
-    # else k may be traced (t.item() under torch.compile): the op's fake kernel checks it
-    # without the guard that operator.index would ask for.
     index_fill = _integer("index_fill", index_fill, "does not fit the int64 indices")
     if not isinstance(largest, (bool, np.bool_)):
         raise TypeError(f"topk: largest = {largest!r}; expected a bool")
@@ -257,11 +268,13 @@ def topk(
             raise ValueError(f"topk: indices_dtype = {index_name} but out_indices has dtype "
                              f"{buffer_index}; leave indices_dtype out or give the same dtype")
 
-    for name, out in (("out_values", out_values), ("out_indices", out_indices)):
-        if not _arrays.is_torch(out):
+    is_torch = _arrays.is_torch
+    buffers_given = out_values is not None or out_indices is not None
+    buffers = (("out_values", out_values), ("out_indices", out_indices)) if buffers_given else ()
+    for name, out in buffers:
+        if not is_torch(out):
             continue
-        import torch
-
+        torch = torch_module
         if out.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(
                 f"topk: {name} requires grad; caller buffers are written without autograd "
@@ -274,9 +287,8 @@ def topk(
                 "torch.inference_mode(); call there, or pass a tensor made outside it")
     fill = None if value_fill is None else _real("value_fill", value_fill)
 
-    if _arrays.is_torch(x):
-        import torch
-
+    if is_torch(x):
+        torch = torch_module
         if x.is_nested:
             raise ValueError("topk: x is a nested tensor; pass a dense [B, N] tensor, e.g. "
                              "x.to_padded_tensor(0.0) with end = the rows' lengths")
@@ -285,7 +297,7 @@ def topk(
         # Inside torch.compile, and whenever autograd must see the op, go through the
         # dispatcher (torch.ops.attnkit.topk, registered by attnkit.torch).
         needs_grad = return_values and x.requires_grad and torch.is_grad_enabled()
-        if needs_grad and (out_values is not None or out_indices is not None):
+        if needs_grad and buffers_given:
             raise RuntimeError(
                 "topk: out_values/out_indices cannot be used when x requires grad: autograd "
                 "does not record writes into caller buffers (detach x or use torch.no_grad())")
@@ -297,7 +309,7 @@ def topk(
             from . import torch as _torch_ops
 
             _refuse_func_differentiation(torch)
-            if out_values is not None or out_indices is not None:
+            if buffers_given:
                 _refuse_transformed_buffers(torch)
             # The op's schema takes the options in one spelling each.
             return TopkResult(*_torch_ops._dispatched_topk(
@@ -310,63 +322,74 @@ def topk(
     # torch views with the negative or conjugate bit set (x.conj().imag, torch._neg_view) hold
     # their values in memory with the sign not yet applied, and bare DLPack producers have no
     # shape or dtype to read: both are read through arrays made for the call (held until it ends).
-    x, begin, end, index_offset = (_arrays.resolved(a, name) for a, name in (
-        (x, "x"), (begin, "begin"), (end, "end"), (index_offset, "index_offset")))
+    resolved = _arrays.resolved
+    x = resolved(x, "x")
+    if begin is not None:
+        begin = resolved(begin, "begin")
+    if end is not None:
+        end = resolved(end, "end")
+    if index_offset is not None:
+        index_offset = resolved(index_offset, "index_offset")
     shape = tuple(getattr(x, "shape", ()))
     # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
     # name before any large allocation.
     columns = k if 0 <= k <= _MAX_EXTENT else 0
     out_shape = (*shape[:-1], columns) if len(shape) >= 1 else (columns,)
-    x_view = _arrays.raw_view(x, "x")
-    inputs = tuple(None if a is None else _arrays.raw_view(a, name)
-                   for a, name in ((begin, "begin"), (end, "end"), (index_offset, "index_offset")))
+    raw_view = _arrays.raw_view
+    x_view = raw_view(x, "x")
+    inputs = (None if begin is None else raw_view(begin, "begin"),
+              None if end is None else raw_view(end, "end"),
+              None if index_offset is None else raw_view(index_offset, "index_offset"))
     options = (k, bool(largest), order, nan_code, ties_code, index_fill, fill, check_code,
                backend_code)
     # The dtypes of the outputs to allocate (None: the caller's buffer, or no values).
     make_indices = index_name if out_indices is None else None
-    make_values = (_arrays.array_dtype_name(x, "x")
-                   if out_values is None and return_values else None)
+    make_values = None
+    if out_values is None and return_values:
+        # A raw view's dtype code is x's dtype, which raw_view has checked attnkit names.
+        make_values = (_arrays.DTYPE_NAMES[x_view[3]] if type(x_view) is tuple
+                       else _arrays.array_dtype_name(x, "x"))
     made_indices, made_values = make_indices is not None, make_values is not None
     if (made_indices or made_values) and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
         _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
         _check_host_memory(x, out_shape, k, make_indices, make_values)
+    indices_view = values_view = None
     if made_indices:
-        out_indices = _arrays.empty(x, out_shape, make_indices)
+        out_indices, indices_view = _arrays.empty_with_view(x, x_view, out_shape, make_indices,
+                                                            "out_indices")
     if made_values:
-        out_values = _arrays.empty(x, out_shape, make_values)
+        out_values, values_view = _arrays.empty_with_view(x, x_view, out_shape, make_values,
+                                                          "out_values")
+    if indices_view is None:
+        indices_view = raw_view(out_indices, "out_indices", writable=True)
+    if values_view is None and out_values is not None:
+        values_view = raw_view(out_values, "out_values", writable=True)
 
-    args = (
-        x_view,
-        _arrays.raw_view(out_indices, "out_indices", writable=True),
-        None if out_values is None else _arrays.raw_view(out_values, "out_values", writable=True),
-        *inputs,
-        *options,
-    )
+    args = (x_view, indices_view, values_view, *inputs, *options)
     workspace = scratch = None
-    if _arrays.is_torch(x) and x.device.type == "cuda":
+    if is_torch(x) and x.is_cuda:  # x as resolved: a GPU DLPack producer is read through torch
         # Scratch from torch's caching allocator: stream-ordered and safe in CUDA graphs. The
         # tensor is held until the launch has been enqueued.
         size = _ext.topk_workspace_size(*args)
         if size:
-            import torch
-
-            scratch = torch.empty(size + 256, dtype=torch.uint8, device=x.device)
-            workspace = _aligned(_arrays.raw_view(scratch, "workspace"))
+            scratch = torch_module.empty(size + 256, dtype=torch_module.uint8, device=x.device)
+            workspace = _aligned(raw_view(scratch, "workspace"))
     _ext.topk(*args, workspace, _arrays.current_stream(x))
     del scratch
     # Caller tensors were written behind torch's back: bump their version counters, so that
     # autograd refuses a backward through a value saved before the write (as after torch.topk's
     # out=).
-    for out, made in ((out_values, made_values), (out_indices, made_indices)):
-        if not made and _arrays.is_torch(out):
-            import torch
-
-            torch.autograd.graph.increment_version(out)
+    for _, out in buffers:
+        if is_torch(out):
+            torch_module.autograd.graph.increment_version(out)
 
     values = out_values if return_values else None
-    if made_values:
-        values = _arrays.to_caller(values, x)
-    indices = _arrays.to_caller(out_indices, x) if made_indices else out_indices
+    indices = out_indices
+    if type(x_view) is not tuple:  # x was read through DLPack: what was made here may convert
+        if made_values:
+            values = _arrays.to_caller(values, x)
+        if made_indices:
+            indices = _arrays.to_caller(indices, x)
     return TopkResult(values, indices)
 
 
@@ -375,9 +398,11 @@ def _recorded(torch: Any) -> bool:
     torch.compile, torch.jit.trace, a dispatch mode (make_fx, FakeTensorMode, FlopCounterMode)
     or a torch.func transform (vmap, grad). Such calls must go through the dispatcher's op: the
     eager path writes through raw pointers, which none of them can see."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._functorch.peek_interpreter_stack() is not None)
+    # torch._C._is_tracing() is what torch.jit.is_tracing() returns outside TorchScript.
+    C = torch._C
+    return (torch.compiler.is_compiling() or C._is_tracing()
+            or C._len_torch_dispatch_stack() > 0
+            or C._functorch.peek_interpreter_stack() is not None)
 
 
 def _func_transforms(torch: Any) -> tuple:

@@ -7,6 +7,7 @@ argument and the value seen. Caller buffers passed to a failing call must be lef
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Tuple
 
@@ -630,3 +631,58 @@ def test_a_loaded_bfloat16_npy_gets_a_hint(tmp_path):
                                         r".*x.view\(ml_dtypes.bfloat16\)"):
         attnkit.topk(loaded, 2)
     assert attnkit.topk(loaded.view(ml_dtypes.bfloat16), 2).indices.tolist() == [[0, 1]] * 2
+
+
+@pytest.mark.parametrize("arg", ["largest", "return_values"])
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_bool_options_take_bools_only(arg, value):
+    with pytest.raises(TypeError, match=rf"topk: {arg} = {re.escape(repr(value))}; expected a bool"):
+        attnkit.topk(np.ones((1, 4), np.float32), 1, **{arg: value})
+
+
+@pytest.mark.parametrize("value", ["1.0", b"1", True, 1j, [1.0], np.array([1.0, 2.0])])
+def test_value_fill_takes_real_numbers_only(value):
+    with pytest.raises(TypeError, match=r"topk: value_fill = .*; expected a real number"):
+        attnkit.topk(np.ones((1, 4), np.float32), 1, value_fill=value)
+
+
+def test_out_values_with_return_values_false_is_refused():
+    out = np.full((1, 1), 7.0, np.float32)
+    with pytest.raises(ValueError, match="topk: out_values is given but return_values = False"):
+        attnkit.topk(np.ones((1, 4), np.float32), 1, out_values=out, return_values=False)
+    assert out.item() == 7.0
+
+
+# NumPy arrays in the other byte order are refused by name, before their dtype is looked at (so
+# a swapped float64 x is named for its byte order too), as inputs and as caller buffers.
+@pytest.mark.parametrize("arg,dtype", [("x", "f4"), ("x", "f8"), ("begin", "i4"),
+                                       ("out_indices", "i8"), ("out_values", "f4")])
+def test_arrays_in_the_other_byte_order_are_refused_by_name(arg, dtype):
+    swapped = np.dtype(dtype).newbyteorder("S")
+    kwargs = {}
+    x = np.ones((1, 4), np.float32)
+    if arg == "x":
+        x = x.astype(swapped)
+    elif arg == "begin":
+        kwargs["begin"] = np.zeros(1, swapped)
+    else:
+        kwargs[arg] = np.zeros((1, 1), swapped)
+    with pytest.raises(TypeError, match=rf"topk: {arg}.dtype = {re.escape(swapped.str)} is not "
+                                        r"in this machine's byte order"):
+        attnkit.topk(x, 1, **kwargs)
+
+
+def test_subclasses_of_ndarray_are_read_as_arrays():
+    class Sub(np.ndarray):
+        pass
+
+    x = _x()
+    end = np.array([N, 5, 1, 0], np.int64)
+    want = topk_reference(x, K, end=end, sorted="value")
+    got = attnkit.topk(x.view(Sub), K, end=end.view(Sub), sorted="value")
+    assert_same_result(got, want, "ndarray subclass")
+    out_v, out_i = poisoned((B, K), np.float32).view(Sub), poisoned((B, K), np.int64).view(Sub)
+    got = attnkit.topk(x.view(Sub), K, end=end, sorted="value", out_values=out_v,
+                       out_indices=out_i)
+    assert got.values is out_v and got.indices is out_i
+    assert_same_result((np.asarray(out_v), np.asarray(out_i)), want, "ndarray subclass buffers")

@@ -408,6 +408,26 @@ def test_grad_path_takes_the_eager_spellings_of_options():
     assert x.grad[0].sum() == 0 and x.grad[1].sum() == 3
 
 
+# Subclasses of torch.Tensor (nn.Parameter, a plain subclass) are read as tensors, as inputs and
+# as caller buffers; outputs made for them are plain tensors.
+def test_tensor_subclasses_are_read_as_tensors():
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.randn(3, 9)
+    end = torch.tensor([9, 4, 0])
+    want = attnkit.topk(x, 4, end=end, sorted="value")
+    for sub in (torch.nn.Parameter(x.clone(), requires_grad=False), x.as_subclass(Sub)):
+        got = attnkit.topk(sub, 4, end=end.as_subclass(Sub), sorted="value")
+        assert type(got.values) is torch.Tensor and type(got.indices) is torch.Tensor
+        assert torch.equal(got.indices, want.indices) and torch.equal(got.values, want.values)
+    out_v, out_i = torch.empty(3, 4).as_subclass(Sub), torch.empty(3, 4, dtype=torch.int64)
+    got = attnkit.topk(x.as_subclass(Sub), 4, end=end, sorted="value", out_values=out_v,
+                       out_indices=torch.nn.Parameter(out_i, requires_grad=False))
+    assert got.values is out_v and torch.equal(got.indices, want.indices)
+    assert torch.equal(out_v.as_subclass(torch.Tensor), want.values)
+
+
 # Views whose sign or conjugation is a bit on the tensor, not in memory, are read resolved.
 def test_negative_and_conjugate_views_are_read_resolved():
     x = torch._neg_view(torch.tensor([[1.0, 5.0, 3.0, -2.0]]))
