@@ -367,14 +367,17 @@ def topk(
 
     args = (x_view, indices_view, values_view, *inputs, *options)
     workspace = scratch = None
-    if is_torch(x) and x.is_cuda:  # x as resolved: a GPU DLPack producer is read through torch
+    # A raw view says where x lives: on the CPU there is no workspace or stream to ask for.
+    on_cpu = type(x_view) is tuple and x_view[4] == 0
+    # x as resolved: a GPU DLPack producer is read through torch.
+    if not on_cpu and is_torch(x) and x.is_cuda:
         # Scratch from torch's caching allocator: stream-ordered and safe in CUDA graphs. The
         # tensor is held until the launch has been enqueued.
         size = _ext.topk_workspace_size(*args)
         if size:
             scratch = torch_module.empty(size + 256, dtype=torch_module.uint8, device=x.device)
             workspace = _aligned(raw_view(scratch, "workspace"))
-    _ext.topk(*args, workspace, _arrays.current_stream(x))
+    _ext.topk(*args, workspace, 0 if on_cpu else _arrays.current_stream(x))
     del scratch
     # Caller tensors were written behind torch's back: bump their version counters, so that
     # autograd refuses a backward through a value saved before the write (as after torch.topk's
@@ -390,7 +393,9 @@ def topk(
             values = _arrays.to_caller(values, x)
         if made_indices:
             indices = _arrays.to_caller(indices, x)
-    return TopkResult(values, indices)
+    # tuple.__new__ builds the same TopkResult as its own __new__, a Python function that costs
+    # twice as much.
+    return tuple.__new__(TopkResult, (values, indices))
 
 
 def _recorded(torch: Any) -> bool:

@@ -389,11 +389,16 @@ def test_caller_buffers_written_bump_their_version():
     z = torch.ones(1, 2, requires_grad=True)
     ov, oi = torch.zeros(1, 2), torch.empty(1, 2, dtype=torch.int64)
     y = (z * ov).sum()
-    version = ov._version
+    version, version_i = ov._version, oi._version
     attnkit.topk(x, 2, out_values=ov, out_indices=oi)
-    assert ov._version > version
+    assert ov._version > version and oi._version > version_i
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+    # Each torch buffer is bumped, whatever the other one is.
+    for other in (None, np.empty((1, 2), np.float32)):
+        version_i = oi._version
+        attnkit.topk(x, 2, out_values=other, out_indices=oi)
+        assert oi._version > version_i
 
 
 def test_grad_path_takes_the_eager_spellings_of_options():
