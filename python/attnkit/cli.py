@@ -13,7 +13,6 @@ error (reported in one line, without a traceback).
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import re
 import sys
@@ -69,6 +68,23 @@ def _in_cli_terms(message: str, args) -> str:
     return message
 
 
+class _Unread:
+    """A stream read from its start again: `head`, its first bytes that were read already, and
+    then the rest of `stream`. Short reads are allowed, as numpy's reader loops over them."""
+
+    def __init__(self, head: bytes, stream):
+        self._head, self._stream = head, stream
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._head:
+            return self._stream.read(size)
+        if size < 0:
+            out, self._head = self._head + self._stream.read(), b""
+        else:
+            out, self._head = self._head[:size], self._head[size:]
+        return out
+
+
 def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int]):
     """The array in `path`, in native byte order, or InputError saying what is wrong."""
     import ml_dtypes
@@ -93,13 +109,12 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
                 hint = (" (it is a zip archive such as .npz; pass a .npy file)"
                         if magic[:2] == b"PK" else "")
                 raise InputError(f"{what} {path}: not a .npy file{hint}")
-            if f.seekable():
-                f.seek(0)
-                source = f
-            else:
-                source = io.BytesIO(magic + f.read())
             try:
-                a = np.load(source, allow_pickle=False)
+                if f.seekable():
+                    f.seek(0)
+                    a = np.load(f, allow_pickle=False)
+                else:  # as many bytes as the header asks for, as from a file, and no more
+                    a = np.lib.format.read_array(_Unread(magic, f), allow_pickle=False)
             except Exception as e:  # numpy raises ValueError, OSError or EOFError for broken headers
                 raise InputError(f"{what} {path}: unreadable .npy file: {_one_line(e)}") from None
     except OSError as e:

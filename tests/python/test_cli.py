@@ -227,3 +227,26 @@ def test_topk_command_reads_its_input_from_a_pipe(tmp_path):
     assert run.returncode == 0, run.stderr.decode()
     got = np.load(out)
     assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 5), "topk from a pipe")
+
+
+def test_topk_command_reads_no_more_of_a_pipe_than_the_array(tmp_path):
+    # The writer keeps the pipe open after the array and more bytes: a reader that waited for
+    # the end of the stream would never finish (or, on an endless stream, run out of memory).
+    x = make_rows("normal@1", (2, 30), "float32", rng_for("cli_pipe_open"))
+    buffer = tmp_path / "x.npy"
+    np.save(buffer, x)
+    writer = ("import sys, time; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read() + "
+              "bytes(1 << 20)); sys.stdout.flush(); time.sleep(300)")
+    source = subprocess.Popen([sys.executable, "-c", writer, str(buffer)], stdout=subprocess.PIPE)
+    try:
+        out = tmp_path / "top.npz"
+        run = subprocess.run([sys.executable, "-m", "attnkit", "topk", "-i", "/dev/stdin", "-k",
+                              "4", "-o", str(out)], stdin=source.stdout, capture_output=True,
+                             timeout=60)
+    finally:
+        source.kill()
+        source.stdout.close()
+        source.wait()
+    assert run.returncode == 0, run.stderr.decode()
+    got = np.load(out)
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 4), "topk from a pipe")
