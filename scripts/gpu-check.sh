@@ -14,9 +14,12 @@
 # built on another x86-64 Linux machine with an older glibc runs here). GoogleTest comes from
 # the system or from ATTNKIT_GTEST_SOURCE_DIR. BENCH_REPEATS sets the benchmark's repeats
 # per case (default 20). FUZZ_SECONDS and FUZZ_SEED set the fuzzing step of full and check
-# (scripts/fuzz_topk.py; default 60 s, seed 1).
+# (scripts/fuzz_topk.py; default 60 s, seed 1). SANITIZE=memcheck or racecheck runs only that
+# tool's steps (the two together take longer than one 10-minute device call); racecheck also
+# skips the tests and the fuzzer, for a second call after a first with memcheck.
 set -uo pipefail
 MODE=${1:-quick}
+SANITIZE=${SANITIZE:-all}
 OUT=${OUT:-/tmp/attnkit-gpu-check}
 ARCHS=${ATTNKIT_CUDA_ARCHS:-90a}
 JOBS=${JOBS:-$(nproc)}
@@ -48,14 +51,16 @@ step() {  # step NAME LOGFILE COMMAND...: run, append the outcome to the summary
 # -- Build ---------------------------------------------------------------------------------------
 BUILD_LOG="$OUT/build.log"
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
-step "python package (ATTNKIT_CUDA_ARCHS=$ARCHS)" "$BUILD_LOG" \
-  env ATTNKIT_CUDA=ON ATTNKIT_CUDA_ARCHS="$ARCHS" \
-  python3 -m pip install --no-build-isolation --no-deps -Cbuild-dir=build/gpu-py . || exit 1
-python3 -c 'import torch, attnkit; print(attnkit.info())' >> "$SUMMARY" 2>&1
-for probe in 'import ml_dtypes' 'import attnkit._ext; import ml_dtypes' 'import numpy, attnkit'; do
-  python3 -c "$probe" > /dev/null 2>&1
-  echo "probe '$probe': rc=$?" >> "$SUMMARY"
-done
+if [ "$SANITIZE" != racecheck ]; then
+  step "python package (ATTNKIT_CUDA_ARCHS=$ARCHS)" "$BUILD_LOG" \
+    env ATTNKIT_CUDA=ON ATTNKIT_CUDA_ARCHS="$ARCHS" \
+    python3 -m pip install --no-build-isolation --no-deps -Cbuild-dir=build/gpu-py . || exit 1
+  python3 -c 'import torch, attnkit; print(attnkit.info())' >> "$SUMMARY" 2>&1
+  for probe in 'import ml_dtypes' 'import attnkit._ext; import ml_dtypes' 'import numpy, attnkit'; do
+    python3 -c "$probe" > /dev/null 2>&1
+    echo "probe '$probe': rc=$?" >> "$SUMMARY"
+  done
+fi
 
 TESTS=${ATTNKIT_CUDA_TESTS:-}
 if [ "$MODE" != bench ] && [ -z "$TESTS" ]; then
@@ -68,7 +73,7 @@ if [ "$MODE" != bench ] && [ -z "$TESTS" ]; then
 fi
 
 # -- Tests ---------------------------------------------------------------------------------------
-if [ "$MODE" != bench ]; then
+if [ "$MODE" != bench ] && [ "$SANITIZE" != racecheck ]; then
   TEST_LOG="$OUT/tests.log"
   if [ -n "$TESTS" ]; then
     step "C++ CUDA tests" "$TEST_LOG" "$TESTS" --gtest_brief=1
@@ -92,15 +97,19 @@ if [ "$MODE" != bench ]; then
 fi
 if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
   SAN_LOG="$OUT/sanitizer.log"
-  step "compute-sanitizer memcheck" "$SAN_LOG" compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
-  step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*:*SmallClusterWide*:*SmallSorted*' --gtest_brief=1
-  step "compute-sanitizer memcheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
-  step "compute-sanitizer racecheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
-    compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$TESTS" --gtest_filter='*SmallDistributions:*SmallGraph*' --gtest_brief=1
+  if [ "$SANITIZE" != racecheck ]; then
+    step "compute-sanitizer memcheck" "$SAN_LOG" compute-sanitizer --tool memcheck --error-exitcode 3 \
+      "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
+    step "compute-sanitizer memcheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
+      compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
+  fi
+  if [ "$SANITIZE" != memcheck ]; then
+    step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
+      "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*:*SmallClusterWide*:*SmallSorted*' --gtest_brief=1
+    step "compute-sanitizer racecheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
+      compute-sanitizer --tool racecheck --error-exitcode 3 \
+      "$TESTS" --gtest_filter='*SmallDistributions:*SmallGraph*' --gtest_brief=1
+  fi
 fi
 
 if [ "$MODE" = quick ] && command -v ncu > /dev/null; then

@@ -11,6 +11,7 @@ device, so results come back zero-copy in the caller's type.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any, Optional
 
@@ -39,6 +40,8 @@ _NUMPY_DTYPES = {
 }
 _NUMPY_NAMES = {dt: name for name, dt in _NUMPY_DTYPES.items()}
 _NUMPY_CODES = {dt: DTYPE_CODES[name] for dt, name in _NUMPY_NAMES.items()}
+# A NumPy type code with its size in bytes and an optional byte order: "i4", "<i8", "=f2".
+_SIZED_CODE = re.compile(r"[<>=|]?[iuf][1248]")
 _MASKED_ARRAY = np.ma.MaskedArray
 
 
@@ -87,11 +90,18 @@ def _torch_dtype_name(dtype: Any) -> Optional[str]:
 
 
 def dtype_name(dtype: Any) -> str:
-    """Canonical name of a dtype given as a string, a NumPy dtype or a torch dtype."""
+    """Canonical name of a dtype given as a name ("int32"), a NumPy dtype, a sized NumPy type
+    code ("i4", "<i8", "f2") or a torch dtype. Names whose size depends on the platform ("long",
+    "int") are refused."""
     if isinstance(dtype, str):
         if dtype in DTYPE_CODES:
             return dtype
-        raise TypeError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+        name = None
+        if _SIZED_CODE.fullmatch(dtype):
+            name = _NUMPY_NAMES.get(np.dtype(dtype))
+        if name is None:
+            raise TypeError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+        return name
     torch = _torch()
     if torch is not None and isinstance(dtype, torch.dtype):
         name = _torch_dtype_name(dtype)

@@ -28,7 +28,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from . import _arrays
+from . import _arrays, _ext
+from .topk import _CHECKS, _NANS, _ORDERS, _TIES, _choice
 from .topk import topk as _eager_topk
 
 _LIB = torch.library.Library("attnkit", "DEF")
@@ -77,10 +78,14 @@ def _refuse_meta_arguments(x, **tensors):
                              "runs on cpu and cuda tensors")
 
 
-def _check_fake_call(x, k) -> None:
-    """The rules on x and k that shapes alone decide, as the op words them, so that shape
-    propagation refuses what the op would. k may be a data-dependent SymInt (``t.item()``): a
-    check on it becomes a runtime assert instead of a guard."""
+def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
+                     indices_dtype=None, largest=True, index_fill=-1, value_fill=None,
+                     begin=None, end=None, index_offset=None) -> None:
+    """The rules that shapes, dtypes and options alone decide, as the op words them, so that
+    shape propagation refuses what the op would. k may be a data-dependent SymInt
+    (``t.item()``): a check on it becomes a runtime assert instead of a guard. With concrete
+    sizes the op's own input checks run on the tensors' metadata (no data is read); symbolic
+    sizes are left to the call, so that no check adds a guard."""
     if x.dim() not in (1, 2):
         raise ValueError(f"topk: x has shape {list(x.shape)}; expected [B, N] or [N]")
     dtype = str(x.dtype).removeprefix("torch.")
@@ -88,13 +93,36 @@ def _check_fake_call(x, k) -> None:
         raise TypeError(f"topk: x.dtype = {dtype}; expected float32, bfloat16 or float16")
     torch._check_value(k >= 0, lambda: f"topk: k = {k} must be >= 0")
     torch._check_value(k <= 2**31 - 1, lambda: f"topk: k = {k} must be <= 2^31 - 1")
+    order = _choice("sorted", sorted, _ORDERS)
+    nan_code = _choice("nan", nan, _NANS)
+    ties_code = _choice("ties", ties, _TIES)
+    if indices_dtype not in (None, torch.int32, torch.int64):
+        raise TypeError(f"topk: indices_dtype = {indices_dtype}; expected int32 or int64")
+    tensors = {"x": x, "begin": begin, "end": end, "index_offset": index_offset}
+    sizes = [n for t in tensors.values() if t is not None for n in (*t.shape, *t.stride())]
+    if x.device.type == "meta" or not all(type(n) is int for n in (k, *sizes)):
+        return
+    views = [None if t is None else _metadata_view(t, name) for name, t in tensors.items()]
+    _ext.topk_check_inputs(*views, k, bool(largest), order, nan_code, ties_code, index_fill,
+                           value_fill, _CHECKS[False], 0)
+
+
+def _metadata_view(t: torch.Tensor, name: str) -> tuple:
+    """A raw view of a fake tensor's metadata for the op's input checks, which read no data:
+    a placeholder address, aligned as an allocation is."""
+    dtype = _arrays._torch_dtype_name(t.dtype)
+    if dtype is None:
+        raise _arrays.no_such_dtype(name, t.dtype)
+    device = (0, 0) if t.device.type == "cpu" else (1, t.device.index or 0)
+    return (256, tuple(t.shape), tuple(t.stride()), _arrays.DTYPE_CODES[dtype], *device)
 
 
 def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
                return_values=True, index_offset=None, index_fill=-1, value_fill=None,
                nan="largest", ties="lowest_index", check=None):
     _refuse_meta_arguments(x, begin=begin, end=end, index_offset=index_offset)
-    _check_fake_call(x, k)
+    _check_fake_call(x, k, sorted, nan, ties, indices_dtype, largest, index_fill, value_fill,
+                     begin, end, index_offset)
     shape = (*x.shape[:-1], k)
     values = x.new_empty(shape) if return_values else x.new_empty((0,))
     return values, x.new_empty(shape, dtype=indices_dtype or torch.int64)
@@ -113,7 +141,9 @@ def _topk_out_fake(x, k, largest, sorted, begin, end, index_offset, index_fill, 
                    ties, check, out_values, out_indices):
     _refuse_meta_arguments(x, begin=begin, end=end, index_offset=index_offset,
                            out_values=out_values, out_indices=out_indices)
-    _check_fake_call(x, k)
+    # The buffers' own rules (shape, dtype, overlap) are the call's to check.
+    _check_fake_call(x, k, sorted, nan, ties, None, largest, index_fill, value_fill, begin, end,
+                     index_offset)
     return None
 
 

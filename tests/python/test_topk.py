@@ -416,8 +416,9 @@ def test_index_offset_large_int64():
 
 @pytest.mark.parametrize("indices_dtype,expected",
                          [("int32", np.int32), ("int64", np.int64), (np.int32, np.int32),
-                          (np.int64, np.int64), (np.dtype("int32"), np.int32)],
-                         ids=["str32", "str64", "np32", "np64", "dtype32"])
+                          (np.int64, np.int64), (np.dtype("int32"), np.int32),
+                          ("i4", np.int32), ("<i8", np.int64)],
+                         ids=["str32", "str64", "np32", "np64", "dtype32", "code32", "code64"])
 def test_indices_dtype(indices_dtype, expected):
     x = make_rows("normal@1", (3, 20), "float32", rng_for("idx_dtype", str(indices_dtype)))
     v, i = attnkit.topk(x, 25, indices_dtype=indices_dtype, sorted="value")

@@ -259,6 +259,8 @@ CASES = [
         ("indices_dtype", "float32"), add_outputs=False),
     Bad("indices_dtype_unknown_name", _wrong("d", indices_dtype="long"), TypeError,
         ("indices_dtype", "'long'"), add_outputs=False),
+    Bad("indices_dtype_swapped_code", _wrong("d", indices_dtype=">i4"), TypeError,
+        ("indices_dtype", "'>i4'"), add_outputs=False),
     # device
     Bad("begin_on_meta_device",
         _wrong("begin", begin=torch.zeros(B, dtype=torch.int64, device="meta")), ValueError,

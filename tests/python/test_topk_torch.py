@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import attnkit
 import attnkit.torch  # noqa: F401  (registers torch.ops.attnkit)
@@ -516,6 +517,41 @@ def test_shape_propagation_refuses_what_the_op_refuses(x, k, error, fragment):
     with pytest.raises(error, match=re.escape(fragment)):
         torch.ops.attnkit.topk_out(x, k, True, "none", None, None, None, -1, None, "largest",
                                    "lowest_index", None, None, oi)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(sorted="descending"), ValueError),
+    (dict(nan="skip"), ValueError),
+    (dict(ties="first"), ValueError),
+    (dict(indices_dtype=torch.int16), TypeError),
+    (dict(end=torch.zeros(3, dtype=torch.int32)), ValueError),
+    (dict(begin=torch.zeros(4, 1, dtype=torch.int64)), ValueError),
+    (dict(begin=torch.zeros(4)), TypeError),
+    (dict(index_offset=torch.zeros(4, dtype=torch.float64)), TypeError),
+], ids=["sorted", "nan", "ties", "indices_dtype", "end_length", "begin_rank", "begin_dtype",
+        "offset_dtype"])
+def test_fake_kernel_refuses_with_the_ops_message(kwargs, error):
+    # Shape propagation (FakeTensorMode, as torch.compile runs it) refuses a bad call with the
+    # message the op gives eagerly, before any kernel runs.
+    x = torch.randn(4, 10)
+    with pytest.raises(error) as eager:
+        torch.ops.attnkit.topk(x, 3, **kwargs)
+    assert str(eager.value).startswith("topk: ")
+    with FakeTensorMode() as mode:
+        fake = {name: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                for name, v in kwargs.items()}
+        with pytest.raises(error) as traced:
+            torch.ops.attnkit.topk(mode.from_tensor(x), 3, **fake)
+    assert str(traced.value) == str(eager.value)
+
+
+def test_fake_kernel_accepts_a_good_call_with_row_tensors():
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.randn(4, 10, dtype=torch.bfloat16))
+        end = mode.from_tensor(torch.tensor([10, 3, 0, 7], dtype=torch.int32))
+        values, indices = torch.ops.attnkit.topk(x, 5, end=end, indices_dtype=torch.int32)
+    assert values.shape == (4, 5) and values.dtype == torch.bfloat16
+    assert indices.shape == (4, 5) and indices.dtype == torch.int32
 
 
 @pytest.mark.parametrize("fullgraph", [False, True])
