@@ -73,6 +73,8 @@ constexpr std::int64_t kSampleMinRow = std::int64_t{1} << 14;
 constexpr std::int64_t kSampleMinRatio = 16;
 constexpr std::int64_t kSampleMin = 512;
 constexpr std::int64_t kSampleMax = 2048;
+// Ranges of at most this many columns rank their elements by counting (select_tiny).
+constexpr std::int64_t kTinyRange = 32;
 // The shortest row segment worth a task of its own when rows are cut for more parallelism.
 constexpr std::int64_t kMinSegment = std::int64_t{1} << 15;
 
@@ -369,12 +371,44 @@ std::size_t filter_row(const typename Traits::Bits* row, std::int64_t lo, std::i
   return n;
 }
 
+/// scan_segment for ranges of at most kTinyRange columns: each admitted element's rank is the
+/// count of those that beat it (a higher score, or the same at a lower column), and the best k
+/// are those ranked below k. A few vectorised comparisons an element, where the filter's blocks
+/// and a select cost a row hundreds of nanoseconds in calls and bookkeeping.
+template <class Traits>
+std::size_t select_tiny(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
+                        std::size_t k, ScoreParams sp, Candidates& c) {
+  std::uint32_t score[kTinyRange], col[kTinyRange];
+  std::uint32_t n = 0;
+  for (std::int64_t j = lo; j < hi; ++j) {
+    const std::uint32_t s = score_of<Traits>(row[j], sp);
+    score[n] = s;
+    col[n] = static_cast<std::uint32_t>(j);
+    n += s != kExcludedScore;  // NaN with nan="ignore"
+  }
+  c.reserve(n);
+  std::uint32_t* __restrict out_score = c.score.data();
+  std::uint32_t* __restrict out_col = c.col.data();
+  std::size_t out = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const std::uint32_t si = score[i];
+    std::uint32_t rank = 0;
+    for (std::uint32_t j = 0; j < i; ++j) rank += score[j] >= si;
+    for (std::uint32_t j = i + 1; j < n; ++j) rank += score[j] > si;
+    out_score[out] = si;
+    out_col[out] = col[i];
+    out += rank < k;
+  }
+  return out;
+}
+
 /// The best min(k, selectable) elements of columns [lo, hi) of `row`, left in c in column
 /// order; returns their count.
 template <class Traits>
 std::size_t scan_segment(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
                          std::size_t k, ScoreParams sp, Candidates& c) {
   if (k == 0 || hi <= lo) return 0;
+  if (hi - lo <= kTinyRange) return select_tiny<Traits>(row, lo, hi, k, sp, c);
   // Starting at a sampled floor F is exact when at least k elements score >= F: the k-th best
   // score is then >= F, so nothing below F could have been chosen. Fewer than k admitted
   // (a reconstruct never ran) means the sample misled: scan again from the bottom.
