@@ -19,8 +19,11 @@ sampling fp32 N = 129280 k in {1, 50, 1024, 4096}), return_values, and an input-
 (normal, DSA-like ReLU sums, ascending rows (the adversarial order for threshold filters),
 4-valued ties).
 
-Usage: python bench/bench_topk.py [--quick] [--flush clean|write] [--json out.json]
+Usage: python bench/bench_topk.py [--quick] [--eager] [--flush clean|write] [--json out.json]
                                  [--markdown out.md] [--case dtype:B:N:k[:causal][:pattern] ...]
+
+--eager times back-to-back eager calls by the host clock instead (EagerTimer): what a caller
+outside CUDA graphs and torch.compile pays a call, Python and launch overhead included.
 
 --case replaces the case list by the given shapes (repeatable): dtype bf16, f16 or f32;
 "causal" gives row b of the last B queries of an N-key context end[b] = N - B + 1 + b; the
@@ -149,6 +152,30 @@ class GraphTimer:
         return statistics.median(times)
 
 
+class EagerTimer:
+    """Times back-to-back eager calls of fn() by the host clock, synchronised before and after
+    each batch of `batch` calls, with nothing flushed: the cost a caller outside CUDA graphs
+    sees per call, the larger of the Python layer's and launch overhead and the GPU time on a
+    warm L2. Median over `repeats` batches, per call."""
+
+    def __init__(self, fn, repeats: int, batch: int = 50):
+        self.fn, self.repeats, self.batch = fn, repeats, batch
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+
+    def median_us(self) -> float:
+        times = []
+        for _ in range(self.repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(self.batch):
+                self.fn()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) / self.batch * 1e6)
+        return statistics.median(times)
+
+
 def reference_indices(x, k, end):
     """Lowest-index top-k by a stable descending sort (valid range [0, end[b]))."""
     xs = x.float()
@@ -203,7 +230,8 @@ def peers():
     return found
 
 
-def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none"):
+def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
+        eager: bool = False):
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     available = peers()
@@ -225,17 +253,23 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none"):
                 attnkit.topk(x, k, end=end, sorted=order, indices_dtype=torch.int32,
                              out_indices=out_i, out_values=out_v, return_values=return_values)
 
+            def ours_allocating():  # as an eager caller writes it: outputs made by the call
+                attnkit.topk(x, k, end=end, sorted=order, indices_dtype=torch.int32,
+                             return_values=return_values)
+
             ours()
             torch.cuda.synchronize()
             check(x, k, end, out_v, out_i, order)
-            t_ours = GraphTimer(ours, repeats, clean_flush).median_us()
+            timer = (lambda fn: EagerTimer(fn, repeats)) if eager else (
+                lambda fn: GraphTimer(fn, repeats, clean_flush))
+            t_ours = timer(ours_allocating if eager else ours).median_us()
             xt = x if end is None else x.masked_fill(
                 torch.arange(n, device="cuda")[None, :] >= end[:, None], float("-inf"))
 
             def theirs():
                 torch.topk(xt, k, dim=1, sorted=order == "value")
 
-            t_torch = GraphTimer(theirs, repeats, clean_flush).median_us()
+            t_torch = timer(theirs).median_us()
             bytes_moved = valid * x.element_size() + b * k * (4 + (x.element_size() if return_values else 0))
             row = {
                 "case": name, "pattern": pattern, "dtype": str(dtype).removeprefix("torch."),
@@ -274,6 +308,9 @@ def main() -> int:
     ap.add_argument("--markdown", help="write the table as markdown here")
     ap.add_argument("--sorted", choices=("none", "index", "value"), default="none",
                     help="attnkit's order; torch.topk sorts for 'value' only (default: none)")
+    ap.add_argument("--eager", action="store_true",
+                    help="time back-to-back eager calls by the host clock (Python and launch "
+                         "overhead included, L2 warm) instead of CUDA-graph replays")
     ap.add_argument("--case", action="append", metavar="SPEC", default=[],
                     help="dtype:B:N:k[:causal][:pattern], e.g. bf16:4:131072:2048; repeatable; "
                          "replaces the case list")
@@ -286,11 +323,14 @@ def main() -> int:
         print("bench_topk: needs a CUDA GPU", file=sys.stderr)
         return 2
     t0 = time.time()
-    rows = run(case_list, args.repeats, args.flush == "clean", args.sorted)
+    rows = run(case_list, args.repeats, args.flush == "clean", args.sorted, args.eager)
     prop = torch.cuda.get_device_properties(0)
-    header = (f"GPU: {prop.name}, torch {torch.__version__}, attnkit {attnkit.__version__}; "
+    method = ("eager calls back to back (outputs allocated by each call), host clock, L2 warm, "
+              f"median of {args.repeats} batches of 50" if args.eager else
               f"CUDA-graph replay timed with events, L2 flushed ({args.flush}), "
-              f"median of {args.repeats}; "
+              f"median of {args.repeats}")
+    header = (f"GPU: {prop.name}, torch {torch.__version__}, attnkit {attnkit.__version__}; "
+              f"{method}; "
               f"int32 indices, sorted={args.sorted!r}, ties='lowest_index'")
     if args.json:
         with open(args.json, "w") as f:

@@ -142,7 +142,7 @@ def topk(
         ``True`` means "value" and ``False`` "none", as in ``torch.topk``.
     begin, end : array of shape [B], int32 or int64, optional
         Row b's valid range is ``[begin[b], end[b])`` (defaults 0 and N), on x's device.
-    indices_dtype : "int32" or "int64" (or the NumPy/torch dtype), optional
+    indices_dtype : "int32" or "int64" (or a NumPy/torch dtype, or a code such as "i4"), optional
         Dtype of the returned indices (default int64). With ``out_indices`` it may be left
         out; given, it must be ``out_indices``' dtype (ValueError otherwise).
     return_values : bool
