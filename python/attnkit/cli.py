@@ -92,7 +92,7 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
 
     if not path:
         raise InputError(f"{what} '': empty path")
-    p = Path(path)
+    p = Path("/dev/stdin" if path == "-" else path)
     try:
         exists, is_dir = p.exists(), p.is_dir()
     except OSError as e:  # e.g. a name too long, a folder that cannot be searched
@@ -162,9 +162,10 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
+    to_stdout = args.output == "-"
     for name, flag in _FILE_ARRAYS:
         path = _file_of(args, name)
-        if path and _same_file(args.output, path):
+        if path and not to_stdout and _same_file(args.output, path):
             raise InputError(f"--output {args.output}: is the file of {flag}; writing it would "
                              f"replace that input")
     x = load_npy(args.input, "--input", _arrays.X_DTYPES, (1, 2))
@@ -192,19 +193,22 @@ def cmd_topk(args) -> int:
     arrays = {"indices": indices}
     if values is not None:
         arrays["values"] = values
-    out = Path(args.output)
     try:
-        # Through a file object, so that the name is kept as given (np.savez appends ".npz").
-        with open(out, "wb") as f:
-            np.savez(f, **arrays)
+        if to_stdout:  # the archive is the output: the summary goes to stderr
+            np.savez(sys.stdout.buffer, **arrays)
+            sys.stdout.buffer.flush()
+        else:
+            # Through a file object, so that the name is kept as given (np.savez appends ".npz").
+            with open(Path(args.output), "wb") as f:
+                np.savez(f, **arrays)
     except OSError as e:
         why = e.strerror or _one_line(e)
         raise InputError(f"--output {args.output}: cannot write: {why}") from None
 
     parts = [f"{name} {a.dtype.name} {list(a.shape)}"
              for name, a in sorted(arrays.items(), reverse=True)]
-    print(f"{args.output}: {', '.join(parts)} (top-{args.k} of {list(x.shape)} in "
-          f"{elapsed * 1e3:.2f} ms)")
+    print(f"{'stdout' if to_stdout else args.output}: {', '.join(parts)} (top-{args.k} of "
+          f"{list(x.shape)} in {elapsed * 1e3:.2f} ms)", file=sys.stderr if to_stdout else sys.stdout)
     return EXIT_OK
 
 
@@ -284,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "writes 'values' and 'indices' to a .npz file. bfloat16 values are stored "
                     "as NumPy stores ml_dtypes.bfloat16, a 2-byte void dtype; read them with "
                     ".view(ml_dtypes.bfloat16).")
-    tk.add_argument("--input", "-i", required=True, metavar="X.npy", help="the scores x")
+    tk.add_argument("--input", "-i", required=True, metavar="X.npy",
+                    help="the scores x (.npy); - for stdin")
     tk.add_argument("-k", "--k", type=int, required=True, help="elements per row (>= 0)")
     side = tk.add_mutually_exclusive_group()
     side.add_argument("--largest", dest="largest", action="store_true", default=True,
@@ -310,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--no-values", action="store_true", help="write only the indices")
     tk.add_argument("--threads", type=int, metavar="N", help="CPU threads")
     tk.add_argument("--output", "-o", required=True, metavar="OUT.npz",
-                    help="where to write 'values' and 'indices'")
+                    help="where to write 'values' and 'indices' (.npz); - for stdout")
     tk.set_defaults(func=cmd_topk)
 
     info = sub.add_parser("info", help="print the build information",

@@ -137,8 +137,9 @@ def topk(
     largest : bool
         Select the largest (default) or the smallest values.
     sorted : {"none", "index", "value"} or bool
-        Order of each output row: "none" (unspecified but deterministic; currently ascending
-        column), "index" (ascending column), "value" (best first, ties by ascending column).
+        Order of each output row: "none" (unspecified but deterministic; at present ascending
+        column on every backend, but ask for "index" to rely on that, which costs no more),
+        "index" (ascending column), "value" (best first, ties by ascending column).
         ``True`` means "value" and ``False`` "none", as in ``torch.topk``.
     begin, end : array of shape [B], int32 or int64, optional
         Row b's valid range is ``[begin[b], end[b])`` (defaults 0 and N), on x's device.
@@ -178,7 +179,7 @@ def topk(
         A named tuple ``(values, indices)``, each [B, k] ([k] for x of shape [N]):
         ``values``, array [B, k] of x's dtype, or None: the selected values, bit-identical to
         the input elements; ``indices``, array [B, k] of ``indices_dtype``: their column
-        indices (plus ``index_offset``). With torch tensors that require grad (and grad mode
+        indices in x (counted from column 0, not from ``begin``), plus ``index_offset``. With torch tensors that require grad (and grad mode
         on), ``values`` carries a gradient back to the selected elements of ``x``.
 
     Raises

@@ -4,6 +4,7 @@ reported before any work; `attnkit topk` writes what attnkit.topk returns."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -227,6 +228,23 @@ def test_topk_command_reads_its_input_from_a_pipe(tmp_path):
     assert run.returncode == 0, run.stderr.decode()
     got = np.load(out)
     assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 5), "topk from a pipe")
+
+
+def test_topk_command_between_pipes_with_dashes(tmp_path):
+    # "-i -" reads the array from stdin and "-o -" writes the archive to stdout, with the
+    # summary line on stderr so that it stays out of the archive.
+    x = make_rows("normal@1", (3, 40), "float32", rng_for("cli_dashes"))
+    buffer = tmp_path / "x.npy"
+    np.save(buffer, x)
+    run = subprocess.run([sys.executable, "-m", "attnkit", "topk", "-i", "-", "-k", "6",
+                          "--sorted", "value", "-o", "-"], input=buffer.read_bytes(),
+                         capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stderr.decode().startswith("stdout: values float32 [3, 6], indices int64 [3, 6]")
+    got = np.load(io.BytesIO(run.stdout))
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 6, sorted="value"),
+                       "topk between pipes")
+    assert not (tmp_path / "-").exists() and not os.path.exists("-")
 
 
 def test_topk_command_reads_no_more_of_a_pipe_than_the_array(tmp_path):
