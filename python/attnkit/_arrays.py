@@ -229,6 +229,19 @@ _MAX_DIMS = 6  # attnkit::kMaxDims
 def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     """What the extension takes for array `a`: a raw-view tuple, or `a` itself for DLPack."""
     check_array(a, name)
+    cls = type(a)
+    if cls is not np.ndarray and cls is not _tensor_type:
+        # A subclass may override shape, dtype or strides with values its memory does not
+        # have: its layout is read through a base-class view of the same memory.
+        if isinstance(a, np.ndarray):
+            a = np.ndarray.view(a, np.ndarray)
+        elif is_torch(a):
+            try:
+                base = _tensor_type.as_subclass(a, _tensor_type)
+            except Exception:  # a subclass torch cannot view plainly is refused below
+                base = None
+            if base is not None and (base.data_ptr() != 0 or base.numel() == 0):
+                a = base  # wrapper subclasses, without memory, keep their name for the refusal
     shape = getattr(a, "shape", ())
     if len(shape) > _MAX_DIMS:
         raise ValueError(f"topk: {name} has {len(shape)} dimensions (shape {tuple(shape)}); "

@@ -331,13 +331,14 @@ def topk(
         end = resolved(end, "end")
     if index_offset is not None:
         index_offset = resolved(index_offset, "index_offset")
-    shape = tuple(getattr(x, "shape", ()))
+    raw_view = _arrays.raw_view
+    x_view = raw_view(x, "x")
+    # The shape of x's memory as the view reads it (a subclass's shape attribute may differ).
+    shape = tuple(x_view[1] if type(x_view) is tuple else getattr(x, "shape", ()))
     # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
     # name before any large allocation.
     columns = k if 0 <= k <= _MAX_EXTENT else 0
     out_shape = (*shape[:-1], columns) if len(shape) >= 1 else (columns,)
-    raw_view = _arrays.raw_view
-    x_view = raw_view(x, "x")
     inputs = (None if begin is None else raw_view(begin, "begin"),
               None if end is None else raw_view(end, "end"),
               None if index_offset is None else raw_view(index_offset, "index_offset"))

@@ -80,12 +80,14 @@ def _refuse_meta_arguments(x, **tensors):
 
 def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
                      indices_dtype=None, largest=True, index_fill=-1, value_fill=None,
-                     begin=None, end=None, index_offset=None) -> None:
+                     begin=None, end=None, index_offset=None, out_values=None,
+                     out_indices=None) -> None:
     """The rules that shapes, dtypes and options alone decide, as the op words them, so that
     shape propagation refuses what the op would. k may be a data-dependent SymInt
     (``t.item()``): a check on it becomes a runtime assert instead of a guard. With concrete
-    sizes the op's own input checks run on the tensors' metadata (no data is read); symbolic
-    sizes are left to the call, so that no check adds a guard."""
+    sizes the op's own checks run on the tensors' metadata (no data is read): the inputs', and
+    with ``out_indices`` the buffers' (shapes, dtypes, overlaps); symbolic sizes are left to
+    the call, so that no check adds a guard."""
     if x.dim() not in (1, 2):
         raise ValueError(f"topk: x has shape {list(x.shape)}; expected [B, N] or [N]")
     dtype = str(x.dtype).removeprefix("torch.")
@@ -98,23 +100,45 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
     ties_code = _choice("ties", ties, _TIES)
     if indices_dtype not in (None, torch.int32, torch.int64):
         raise TypeError(f"topk: indices_dtype = {indices_dtype}; expected int32 or int64")
-    tensors = {"x": x, "begin": begin, "end": end, "index_offset": index_offset}
-    sizes = [n for t in tensors.values() if t is not None for n in (*t.shape, *t.stride())]
+    tensors = {"x": x, "out_indices": out_indices, "out_values": out_values, "begin": begin,
+               "end": end, "index_offset": index_offset}
+    sizes = [n for t in tensors.values() if t is not None
+             for n in (*t.shape, *t.stride(), t.storage_offset())]
     if x.device.type == "meta" or not all(type(n) is int for n in (k, *sizes)):
         return
-    views = [None if t is None else _metadata_view(t, name) for name, t in tensors.items()]
-    _ext.topk_check_inputs(*views, k, bool(largest), order, nan_code, ties_code, index_fill,
-                           value_fill, _CHECKS[False], 0)
+    views = _metadata_views(tensors)
+    options = (k, bool(largest), order, nan_code, ties_code, index_fill, value_fill,
+               _CHECKS[False], 0)
+    if out_indices is None:
+        _ext.topk_check_inputs(views["x"], views["begin"], views["end"], views["index_offset"],
+                               *options)
+    else:
+        _ext.topk_workspace_size(*views.values(), *options)
 
 
-def _metadata_view(t: torch.Tensor, name: str) -> tuple:
-    """A raw view of a fake tensor's metadata for the op's input checks, which read no data:
-    a placeholder address, aligned as an allocation is."""
-    dtype = _arrays._torch_dtype_name(t.dtype)
-    if dtype is None:
-        raise _arrays.no_such_dtype(name, t.dtype)
-    device = (0, 0) if t.device.type == "cpu" else (1, t.device.index or 0)
-    return (256, tuple(t.shape), tuple(t.stride()), _arrays.DTYPE_CODES[dtype], *device)
+def _metadata_views(tensors: dict) -> dict:
+    """Raw views of fake tensors' metadata for the op's checks, which read no data. Each
+    storage gets a placeholder address range of its own, 2^50 bytes apart, and a view its
+    storage offset within it, so that the overlap checks see which tensors share memory (under
+    torch.compile, the first shape propagation still sees the caller's aliasing)."""
+    bases: dict = {}
+    views = {}
+    for name, t in tensors.items():
+        if t is None:
+            views[name] = None
+            continue
+        dtype = _arrays._torch_dtype_name(t.dtype)
+        if dtype is None:
+            raise _arrays.no_such_dtype(name, t.dtype)
+        try:
+            storage = t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):  # no storage to ask: a range of its own
+            storage = ("view", name)
+        base = bases.setdefault(storage, (len(bases) + 1) << 50)
+        device = (0, 0) if t.device.type == "cpu" else (1, t.device.index or 0)
+        views[name] = (base + t.storage_offset() * t.element_size(), tuple(t.shape),
+                       tuple(t.stride()), _arrays.DTYPE_CODES[dtype], *device)
+    return views
 
 
 def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
@@ -141,9 +165,8 @@ def _topk_out_fake(x, k, largest, sorted, begin, end, index_offset, index_fill, 
                    ties, check, out_values, out_indices):
     _refuse_meta_arguments(x, begin=begin, end=end, index_offset=index_offset,
                            out_values=out_values, out_indices=out_indices)
-    # The buffers' own rules (shape, dtype, overlap) are the call's to check.
     _check_fake_call(x, k, sorted, nan, ties, None, largest, index_fill, value_fill, begin, end,
-                     index_offset)
+                     index_offset, out_values, out_indices)
     return None
 
 

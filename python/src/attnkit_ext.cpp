@@ -78,6 +78,12 @@ TensorView view_from_tuple(const nb::tuple& t, const char* name) {
   const nb::tuple shape = nb::cast<nb::tuple>(t[1]);
   const nb::tuple strides = nb::cast<nb::tuple>(t[2]);
   check_ndim(shape.size(), name);
+  if (strides.size() != shape.size()) {
+    throw attnkit::Error(attnkit::ErrorCode::kShape,
+                         std::string("topk: ") + name + " has " + std::to_string(shape.size()) +
+                             " dimensions but " + std::to_string(strides.size()) +
+                             " strides; its shape and strides disagree");
+  }
   v.ndim = static_cast<std::int32_t>(shape.size());
   for (int d = 0; d < v.ndim; ++d) {
     v.shape[d] = nb::cast<std::int64_t>(shape[static_cast<std::size_t>(d)]);

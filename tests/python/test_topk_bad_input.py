@@ -688,3 +688,36 @@ def test_subclasses_of_ndarray_are_read_as_arrays():
                        out_indices=out_i)
     assert got.values is out_v and got.indices is out_i
     assert_same_result((np.asarray(out_v), np.asarray(out_i)), want, "ndarray subclass buffers")
+
+
+@pytest.mark.parametrize("lie", ["more_dims", "more_columns", "dtype"])
+def test_subclasses_whose_attributes_misstate_their_memory_are_read_as_stored(lie):
+    # A subclass overriding shape or dtype is read as its memory is laid out (a base-class
+    # view): the result of the plain array, or a clear error; never a read past the memory.
+    stated = {"more_dims": (B, N, 1), "more_columns": (B, 200000)}
+
+    class Numpy(np.ndarray):
+        @property
+        def shape(self):
+            return stated[lie] if lie in stated else np.ndarray.shape.__get__(self)
+
+        @property
+        def dtype(self):
+            return np.dtype(np.float16) if lie == "dtype" else np.ndarray.dtype.__get__(self)
+
+    class Torch(torch.Tensor):
+        @property
+        def shape(self):
+            return torch.Size(stated[lie]) if lie in stated else super().shape
+
+        @property
+        def dtype(self):
+            return torch.float16 if lie == "dtype" else super().dtype
+
+    x = _x()
+    want = topk_reference(x, K, sorted="value")
+    got = attnkit.topk(x.view(Numpy), K, sorted="value")
+    assert_same_result((np.asarray(got.values), np.asarray(got.indices)), want, f"numpy {lie}")
+    got = attnkit.topk(torch.from_numpy(x).as_subclass(Torch), K, sorted="value")
+    assert_same_result((got.values.as_subclass(torch.Tensor).numpy(),
+                        got.indices.as_subclass(torch.Tensor).numpy()), want, f"torch {lie}")

@@ -545,6 +545,46 @@ def test_fake_kernel_refuses_with_the_ops_message(kwargs, error):
     assert str(traced.value) == str(eager.value)
 
 
+@pytest.mark.parametrize("layout", ["same_memory", "partial", "aliases_x", "wrong_shape"])
+def test_fake_kernel_checks_caller_buffers_as_the_op(layout):
+    # topk_out's shape propagation runs the op's buffer checks (shape, dtype, overlap) on the
+    # tensors' metadata: the eager message, before anything is written.
+    def buffers(x):
+        o = torch.zeros(4, 8, dtype=torch.int64)
+        if layout == "same_memory":
+            return o.view(torch.float32)[:, :5], o[:, :5]
+        if layout == "partial":
+            return o.view(torch.float32)[:, 6:11], o[:, :5]
+        if layout == "aliases_x":
+            return x[:, :5], o[:, :5]
+        return torch.empty(4, 5), o[:, :4]
+
+    def call(x, ov, oi):
+        torch.ops.attnkit.topk_out(x, 5, True, "none", None, None, None, -1, None, "largest",
+                                   "lowest_index", None, ov, oi)
+
+    x = torch.randn(4, 30)
+    with pytest.raises(ValueError) as eager:
+        call(x, *buffers(x))
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        with pytest.raises(ValueError) as traced:
+            call(fx, *buffers(fx))
+    fragment = "has shape" if layout == "wrong_shape" else "overlaps"
+    assert fragment in str(eager.value) and fragment in str(traced.value)
+    assert str(traced.value).split(" (")[0] == str(eager.value).split(" (")[0]
+
+
+def test_compile_refuses_overlapping_caller_buffers_before_writing():
+    x = torch.randn(4, 30)
+    o = torch.zeros(4, 5, dtype=torch.int64)
+    f = torch.compile(lambda a, b: attnkit.topk(a, 5, out_values=b.view(torch.float32)[:, :5],
+                                                out_indices=b), fullgraph=True)
+    with pytest.raises(Exception, match="out_values .* overlaps out_indices"):
+        f(x, o)
+    assert (o == 0).all()
+
+
 def test_fake_kernel_accepts_a_good_call_with_row_tensors():
     with FakeTensorMode() as mode:
         x = mode.from_tensor(torch.randn(4, 10, dtype=torch.bfloat16))
