@@ -156,7 +156,10 @@ def check_array(a: Any, name: str) -> None:
     if isinstance(a, _MASKED_ARRAY):
         raise TypeError(f"topk: {name} is a NumPy masked array, whose mask attnkit would ignore; "
                         f"pass {name}.filled(value) or {name}.data")
-    if isinstance(a, np.ndarray) or is_torch(a) or hasattr(type(a), "__dlpack__"):
+    if isinstance(a, np.ndarray) or is_torch(a):
+        return
+    if hasattr(type(a), "__dlpack__"):
+        device_of(a, name)  # a producer must say where its memory is
         return
     if isinstance(a, np.generic):
         raise TypeError(f"topk: {name} is a NumPy scalar ({a.dtype}); expected an array (x: [N] "
@@ -208,7 +211,7 @@ def resolved(a: Any, name: str) -> Any:
     if (a is None or isinstance(a, np.ndarray) or not hasattr(type(a), "__dlpack__")
             or (hasattr(a, "shape") and hasattr(a, "dtype"))):
         return a
-    on_cpu = device_of(a)[0] == "cpu"
+    on_cpu = device_of(a, name)[0] == "cpu"
     torch = None if on_cpu else _torch()
     if not on_cpu and torch is None:
         raise TypeError(f"topk: {name} (a {type(a).__name__} on {device_of(a)}) offers only "
@@ -290,16 +293,24 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     return a
 
 
-def device_of(a: Any) -> tuple[str, int]:
-    """("cpu", 0) or ("cuda", index)."""
+def device_of(a: Any, name: str = "x") -> tuple[str, int]:
+    """("cpu", 0) or ("cuda", index) for array argument `name`."""
     if isinstance(a, np.ndarray):
         return ("cpu", 0)
     if is_torch(a):
         return (a.device.type, a.device.index or 0)
     dl = getattr(a, "__dlpack_device__", None)
+    if dl is None and hasattr(type(a), "__dlpack__"):
+        raise TypeError(f"topk: {name} (a {type(a).__name__}) has __dlpack__ but no "
+                        "__dlpack_device__; a DLPack producer offers both")
     if dl is not None:
-        kind, index = dl()
-        return ("cuda", int(index)) if int(kind) == 2 else ("cpu", 0)
+        device = dl()
+        try:
+            kind, index = (int(v) for v in device)
+        except (TypeError, ValueError):
+            raise TypeError(f"topk: {name}.__dlpack_device__() (a {type(a).__name__}) returned "
+                            f"{device!r}; expected a (device_type, device_id) pair of ints") from None
+        return ("cuda", index) if kind == 2 else ("cpu", 0)
     return ("cpu", 0)
 
 

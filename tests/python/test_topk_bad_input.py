@@ -721,3 +721,22 @@ def test_subclasses_whose_attributes_misstate_their_memory_are_read_as_stored(li
     got = attnkit.topk(torch.from_numpy(x).as_subclass(Torch), K, sorted="value")
     assert_same_result((got.values.as_subclass(torch.Tensor).numpy(),
                         got.indices.as_subclass(torch.Tensor).numpy()), want, f"torch {lie}")
+
+
+def test_dlpack_producers_with_a_broken_device_are_named():
+    a = np.zeros((2, 8), np.float32)
+
+    class NoDevice:
+        def __dlpack__(self, **kwargs):
+            return a.__dlpack__(**kwargs)
+
+    class BadDevice(NoDevice):
+        def __dlpack_device__(self):
+            return "cpu"
+
+    with pytest.raises(TypeError, match=r"topk: x \(a NoDevice\) has __dlpack__ but no "
+                                        r"__dlpack_device__"):
+        attnkit.topk(NoDevice(), 2)
+    with pytest.raises(TypeError, match=r"topk: end.__dlpack_device__\(\) \(a BadDevice\) "
+                                        r"returned 'cpu'; expected a \(device_type, device_id\)"):
+        attnkit.topk(a, 2, end=BadDevice())
