@@ -376,7 +376,13 @@ def current_stream(ref: Any) -> int:
     if is_torch(ref):
         if not ref.is_cuda:
             return 0
-        return _torch().cuda.current_stream(ref.get_device()).cuda_stream
+        torch = _torch()
+        # The raw handle as torch's generated code (inductor) reads it: no Stream object per
+        # call. The public call where a torch lacks it.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(ref.get_device())
+        return torch.cuda.current_stream(ref.get_device()).cuda_stream
     if device_of(ref)[0] != "cuda":
         return 0
     if type(ref).__module__.split(".")[0] == "cupy":
