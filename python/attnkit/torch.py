@@ -106,26 +106,35 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
              for n in (*t.shape, *t.stride(), t.storage_offset())]
     if x.device.type == "meta" or not all(type(n) is int for n in (k, *sizes)):
         return
-    views = _metadata_views(tensors)
+    views, storages = _metadata_views(tensors)
     options = (k, bool(largest), order, nan_code, ties_code, index_fill, value_fill,
                _CHECKS[False], 0)
     if out_indices is None:
         _ext.topk_check_inputs(views["x"], views["begin"], views["end"], views["index_offset"],
                                *options)
-    else:
-        _ext.topk_workspace_size(*views.values(), *options)
+        return
+    _ext.topk_workspace_size(*views.values(), *options)
+    if out_values is not None and storages["out_values"] == storages["out_indices"]:
+        # Views of one tensor in two dtypes, both written by the op: torch.compile (AOT
+        # autograd) keeps only one of the two writes when the views are made inside the
+        # compiled code, so the values would be lost without an error.
+        raise ValueError("topk: out_values and out_indices are views of one tensor; under "
+                         "torch.compile and shape propagation they must be separate tensors "
+                         "(torch keeps only one of two writes into views of one tensor in two "
+                         "dtypes)")
 
 
-def _metadata_views(tensors: dict) -> dict:
-    """Raw views of fake tensors' metadata for the op's checks, which read no data. Each
-    storage gets a placeholder address range of its own, 2^50 bytes apart, and a view its
-    storage offset within it, so that the overlap checks see which tensors share memory (under
+def _metadata_views(tensors: dict) -> tuple[dict, dict]:
+    """Raw views of fake tensors' metadata for the op's checks, which read no data, and each
+    tensor's storage. Each storage gets a placeholder address range of its own, 2^56 bytes
+    apart (six storages stay below the checks' 2^62-byte bound), and a view its storage offset
+    within it, so that the overlap checks see which tensors share memory (under
     torch.compile, the first shape propagation still sees the caller's aliasing)."""
     bases: dict = {}
-    views = {}
+    views, storages = {}, {}
     for name, t in tensors.items():
         if t is None:
-            views[name] = None
+            views[name] = storages[name] = None
             continue
         dtype = _arrays._torch_dtype_name(t.dtype)
         if dtype is None:
@@ -134,11 +143,12 @@ def _metadata_views(tensors: dict) -> dict:
             storage = t.untyped_storage()._cdata
         except (RuntimeError, NotImplementedError):  # no storage to ask: a range of its own
             storage = ("view", name)
-        base = bases.setdefault(storage, (len(bases) + 1) << 50)
+        storages[name] = storage
+        base = bases.setdefault(storage, (len(bases) + 1) << 56)
         device = (0, 0) if t.device.type == "cpu" else (1, t.device.index or 0)
         views[name] = (base + t.storage_offset() * t.element_size(), tuple(t.shape),
                        tuple(t.stride()), _arrays.DTYPE_CODES[dtype], *device)
-    return views
+    return views, storages
 
 
 def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,

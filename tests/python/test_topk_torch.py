@@ -575,6 +575,27 @@ def test_fake_kernel_checks_caller_buffers_as_the_op(layout):
     assert str(traced.value).split(" (")[0] == str(eager.value).split(" (")[0]
 
 
+def test_traced_caller_buffers_must_be_separate_tensors():
+    # Disjoint views of one tensor in two dtypes: eager writes both; torch.compile keeps only
+    # one of two such writes, so shape propagation refuses the pair rather than lose values.
+    x = torch.randn(3, 16)
+    want = attnkit.topk(x, 5, sorted="value", indices_dtype=torch.int32)
+    s = torch.zeros(3, 10, dtype=torch.int32)
+    attnkit.topk(x, 5, sorted="value", out_values=s[:, :5].view(torch.float32),
+                 out_indices=s[:, 5:])
+    assert torch.equal(s[:, :5].view(torch.float32), want.values)
+    assert torch.equal(s[:, 5:], want.indices)
+
+    def f(a, buffer):
+        attnkit.topk(a, 5, sorted="value", out_values=buffer[:, :5].view(torch.float32),
+                     out_indices=buffer[:, 5:])
+
+    s.zero_()
+    with pytest.raises(Exception, match="out_values and out_indices are views of one tensor"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(x, s)
+    assert (s == 0).all()
+
+
 def test_compile_refuses_overlapping_caller_buffers_before_writing():
     x = torch.randn(4, 30)
     o = torch.zeros(4, 5, dtype=torch.int64)
