@@ -141,6 +141,35 @@ def test_compile_fullgraph():
     assert torch.equal(cv, ev) and torch.equal(ci, ei)
 
 
+def test_compile_fullgraph_caller_buffers():
+    # topk_out's shape propagation checks CUDA buffers on their metadata: separate buffers are
+    # written as eagerly; overlapping ones are refused before anything is written.
+    x = torch.randn(8, 30000, device=DEV).to(torch.bfloat16)
+    end = torch.arange(29993, 30001, device=DEV, dtype=torch.int32)
+
+    def f(a, e, ov, oi):
+        attnkit.topk(a, 300, end=e, sorted="value", out_values=ov, out_indices=oi)
+
+    ov = torch.empty(8, 300, dtype=torch.bfloat16, device=DEV)
+    oi = torch.empty(8, 300, dtype=torch.int32, device=DEV)
+    torch.compile(f, fullgraph=True)(x, end, ov, oi)
+    ev, ei = attnkit.topk(x, 300, end=end, sorted="value", indices_dtype=torch.int32)
+    assert torch.equal(oi, ei) and torch.equal(bits(ov), bits(ev))
+    shared = torch.zeros(8, 300, dtype=torch.int32, device=DEV)
+    with pytest.raises(Exception, match="overlaps"):
+        torch.compile(f, fullgraph=True)(x, end, shared.view(torch.bfloat16)[:, :300], shared)
+    assert (shared == 0).all()
+
+
+def test_torch_ops_opcheck_out():
+    x = torch.randn(4, 3000, device=DEV)
+    oi = torch.empty(4, 16, dtype=torch.int64, device=DEV)
+    ov = torch.empty(4, 16, device=DEV)
+    torch.library.opcheck(torch.ops.attnkit.topk_out.default,
+                          (x, 16, True, "none", None, None, None, -1, None, "largest",
+                           "lowest_index", None, ov, oi))
+
+
 def test_cuda_graph_capture_and_replay():
     static_x = torch.randn(32, 65536, device=DEV).to(torch.bfloat16)
     out_i = torch.empty(32, 512, dtype=torch.int32, device=DEV)
