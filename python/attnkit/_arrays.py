@@ -309,7 +309,8 @@ def device_of(a: Any, name: str = "x") -> tuple[str, int]:
             kind, index = (int(v) for v in device)
         except (TypeError, ValueError):
             raise TypeError(f"topk: {name}.__dlpack_device__() (a {type(a).__name__}) returned "
-                            f"{device!r}; expected a (device_type, device_id) pair of ints") from None
+                            f"{device!r}; expected a (device_type, device_id) pair of "
+                            "ints") from None
         return ("cuda", index) if kind == 2 else ("cpu", 0)
     return ("cpu", 0)
 

@@ -179,8 +179,9 @@ def topk(
         A named tuple ``(values, indices)``, each [B, k] ([k] for x of shape [N]):
         ``values``, array [B, k] of x's dtype, or None: the selected values, bit-identical to
         the input elements; ``indices``, array [B, k] of ``indices_dtype``: their column
-        indices in x (counted from column 0, not from ``begin``), plus ``index_offset``. With torch tensors that require grad (and grad mode
-        on), ``values`` carries a gradient back to the selected elements of ``x``.
+        indices in x (counted from column 0, not from ``begin``), plus ``index_offset``. With
+        torch tensors that require grad (and grad mode on), ``values`` carries a gradient back
+        to the selected elements of ``x``.
 
     Raises
     ------
