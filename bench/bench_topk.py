@@ -234,6 +234,10 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
         eager: bool = False):
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
+
+    def timer(fn):
+        return EagerTimer(fn, repeats) if eager else GraphTimer(fn, repeats, clean_flush)
+
     available = peers()
     for peer in ("deepselect", "flashinfer"):
         if peer not in available:
@@ -260,8 +264,6 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
             ours()
             torch.cuda.synchronize()
             check(x, k, end, out_v, out_i, order)
-            timer = (lambda fn: EagerTimer(fn, repeats)) if eager else (
-                lambda fn: GraphTimer(fn, repeats, clean_flush))
             t_ours = timer(ours_allocating if eager else ours).median_us()
             xt = x if end is None else x.masked_fill(
                 torch.arange(n, device="cuda")[None, :] >= end[:, None], float("-inf"))
