@@ -368,20 +368,17 @@ def topk(
     if values_view is None and out_values is not None:
         values_view = raw_view(out_values, "out_values", writable=True)
 
-    args = (x_view, indices_view, values_view, *inputs, *options)
-    workspace = scratch = None
     # A raw view says where x lives: on the CPU there is no workspace or stream to ask for.
-    on_cpu = type(x_view) is tuple and x_view[4] == 0
-    # x as resolved: a GPU DLPack producer is read through torch.
-    if not on_cpu and is_torch(x) and x.is_cuda:
-        # Scratch from torch's caching allocator: stream-ordered and safe in CUDA graphs. The
-        # tensor is held until the launch has been enqueued.
-        size = _ext.topk_workspace_size(*args)
-        if size:
-            scratch = torch_module.empty(size + 256, dtype=torch_module.uint8, device=x.device)
-            workspace = _aligned(raw_view(scratch, "workspace"))
-    _ext.topk(*args, workspace, 0 if on_cpu else _arrays.current_stream(x))
-    del scratch
+    if type(x_view) is tuple and x_view[4] == 0:
+        _ext.topk(x_view, indices_view, values_view, *inputs, *options, None, 0)
+    elif is_torch(x):  # x as resolved: a GPU DLPack producer is read through torch
+        # Scratch from torch's caching allocator, asked for by the extension when the call
+        # needs any; on torch's current stream, read without a Stream object.
+        _ext.topk(x_view, indices_view, values_view, *inputs, *options, _torch_workspace,
+                  _arrays.torch_stream(x_view[5]))
+    else:
+        _ext.topk(x_view, indices_view, values_view, *inputs, *options, None,
+                  _arrays.current_stream(x))
     # Caller tensors were written behind torch's back: bump their version counters, so that
     # autograd refuses a backward through a value saved before the write (as after torch.topk's
     # out=).
@@ -460,9 +457,15 @@ def _refuse_transformed_buffers(torch: Any) -> None:
                 f"without them and use the returned results")
 
 
-def _aligned(view: tuple) -> tuple:
-    """The 256-byte aligned part of a raw uint8 view (torch's allocations are 512-aligned, but
-    a caller may hand any offset)."""
-    ptr, shape, strides, code, dev, index = view
-    pad = (-ptr) % 256
-    return (ptr + pad, (shape[0] - pad,), strides, code, dev, index)
+_UINT8 = _arrays.DTYPE_CODES["uint8"]
+
+
+def _torch_workspace(nbytes: int, device_index: int) -> tuple:
+    """Scratch of `nbytes` on CUDA device `device_index` from torch's caching allocator
+    (stream-ordered, and from the graph's pool inside CUDA graph capture), as the extension asks
+    for it: (the tensor, to hold until the launch is enqueued; the raw view of its first
+    256-byte aligned `nbytes`)."""
+    torch = _arrays._torch()
+    scratch = torch.empty(nbytes + 256, dtype=torch.uint8, device=_arrays.cuda_device(device_index))
+    ptr = scratch.data_ptr()
+    return scratch, (ptr + (-ptr) % 256, (nbytes,), (1,), _UINT8, 1, device_index)

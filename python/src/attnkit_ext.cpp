@@ -274,8 +274,20 @@ NB_MODULE(_ext, m) {
             topk_tensors(x, out_indices, out_values, begin, end, index_offset, imports);
         const attnkit::TopkOptions o =
             topk_options(k, largest, sorted, nan, ties, index_fill, value_fill, check, backend);
-        const std::optional<TensorView> ws =
-            to_optional_view(workspace, "workspace", imports, true);
+        // A callable allocates the scratch in the caller's framework, asked only when the
+        // call needs any: one size query in C++ rather than a second call from Python.
+        nb::object scratch;  // what the allocator returned, held until the launch is enqueued
+        std::optional<TensorView> ws;
+        if (!workspace.is_none() && !nb::isinstance<nb::tuple>(workspace) &&
+            PyCallable_Check(workspace.ptr())) {
+          const std::size_t need = attnkit::topk_workspace_size(t, o);
+          if (need != 0) {
+            scratch = workspace(need, t.x.device.index);
+            ws = view_from_tuple(nb::cast<nb::tuple>(scratch[1]), "workspace");
+          }
+        } else {
+          ws = to_optional_view(workspace, "workspace", imports, true);
+        }
         const GilReleased released;
         if (ws) {
           std::size_t bytes = static_cast<std::size_t>(ws->numel());
