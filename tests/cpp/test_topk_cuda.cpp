@@ -920,6 +920,23 @@ TEST_F(TopkCuda, LargeKMultiPass) {
   }
 }
 
+/// Each kernel is opted into shared memory once a device, to the most asked so far: calls
+/// on the same kernels whose buffers grow, then shrink, then grow again, each against the CPU.
+TEST_F(TopkCuda, SharedMemoryGrowsAcrossCalls) {
+  std::uint64_t seed = 2400;
+  for (std::int64_t k : {8, 4096, 64, 2048, 4096}) {
+    for (std::int64_t batch : {256, 2}) {  // one CTA a row, and sliced rows with their merge
+      Case c;
+      c.dtype = DType::kFloat32;
+      c.batch = batch;
+      c.n = 65536;
+      c.k = k;
+      c.seed = seed++;
+      check_case(c);
+    }
+  }
+}
+
 TEST_F(TopkCuda, LongRow) {
   Case c;
   c.dtype = DType::kBFloat16;

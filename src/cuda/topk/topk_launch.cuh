@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "cuda/common/cuda_check.cuh"
 #include "cuda/topk/kernels/topk_argmax.cuh"
@@ -202,13 +205,69 @@ struct TopkPlan {
 // Launch
 // ---------------------------------------------------------------------------------------------
 
-/// Static plus dynamic shared memory above 48 KB needs the opt-in; setting it before every
-/// launch or query costs a host-side store and keeps it right on every device.
+/// The opt-ins each kernel has been given on each device: static plus dynamic shared memory
+/// above 48 KB, and clusters of more than 8 CTAs, need a cudaFuncSetAttribute, which is a
+/// driver call that also waits for the runtime's host<->device copies in flight (reported
+/// against the CUDA runtime, intel/llvm#16928): set before every launch, it would stall a call
+/// behind other streams' copies. So each kernel is opted in once a device, to the most shared
+/// memory asked so far. A launch that fails forgets the kernel's opt-ins (a cudaDeviceReset
+/// clears them), so that the next call sets them again.
+class OptIns {
+ public:
+  template <class Kernel>
+  static void allow(Kernel kernel, std::size_t smem, bool clusters, const char* name) {
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    const std::lock_guard<std::mutex> lock(mutex());
+    Given& given = table()[{reinterpret_cast<std::uintptr_t>(kernel), device}];
+    if (!given.any || smem > given.smem) {
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)),
+                 name);
+      given.smem = smem;
+      given.any = true;
+    }
+    if (clusters && !given.clusters) {
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                 name);
+      given.clusters = true;
+    }
+  }
+
+  template <class Kernel>
+  static void forget(Kernel kernel) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return;
+    const std::lock_guard<std::mutex> lock(mutex());
+    table().erase({reinterpret_cast<std::uintptr_t>(kernel), device});
+  }
+
+ private:
+  struct Given {
+    bool any = false;       // the shared-memory opt-in has been set
+    std::size_t smem = 0;   // to this many dynamic bytes
+    bool clusters = false;  // non-portable cluster sizes allowed
+  };
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::pair<std::uintptr_t, int>, Given>& table() {
+    static std::map<std::pair<std::uintptr_t, int>, Given> t;
+    return t;
+  }
+};
+
 template <class Kernel>
 void allow_dynamic_smem(Kernel kernel, std::size_t smem, const char* name) {
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             name);
+  OptIns::allow(kernel, smem, false, name);
+}
+
+/// Opts `kernel` into `smem` bytes of dynamic shared memory and clusters of up to 16 CTAs (more
+/// than 8 is non-portable).
+template <class Kernel>
+void allow_clusters(Kernel kernel, std::size_t smem, const char* name) {
+  OptIns::allow(kernel, smem, true, name);
 }
 
 /// Whether the current device runs `kernel` from code compiled for sm_90 or newer, which holds
@@ -221,26 +280,21 @@ bool runs_sm90_code(Kernel kernel) {
   return attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90;
 }
 
-template <class Kernel>
-void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
-            cudaStream_t stream, const TopkKernelParams& p, const char* name) {
-  allow_dynamic_smem(kernel, smem, name);
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
-  cuda_check_launch(name);
-}
-
-/// cudaLaunchKernelEx's form of `blocks` CTAs of `threads` with one launch attribute.
+/// cudaLaunchKernelEx's form of `blocks` CTAs of `threads` with at most one launch attribute.
 struct LaunchExConfig {
-  cudaLaunchAttribute attribute;
+  cudaLaunchAttribute attribute{};
   cudaLaunchConfig_t config{};
 
-  LaunchExConfig(std::int64_t blocks, int threads, std::size_t smem, cudaStream_t stream,
-                 const cudaLaunchAttribute& a)
-      : attribute(a) {
+  LaunchExConfig(std::int64_t blocks, int threads, std::size_t smem, cudaStream_t stream) {
     config.gridDim = dim3(static_cast<unsigned>(blocks));
     config.blockDim = dim3(static_cast<unsigned>(threads));
     config.dynamicSmemBytes = smem;
     config.stream = stream;
+  }
+  LaunchExConfig(std::int64_t blocks, int threads, std::size_t smem, cudaStream_t stream,
+                 const cudaLaunchAttribute& a)
+      : LaunchExConfig(blocks, threads, smem, stream) {
+    attribute = a;
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
@@ -258,6 +312,31 @@ inline cudaLaunchAttribute cluster_attribute(int ctas) {
   return a;
 }
 
+/// Every launch: the kernel's opt-ins (OptIns), then cudaLaunchKernelEx, which reports this
+/// launch's own error. A launch refused after the opt-ins were taken from the table is tried
+/// once more with them set again (a cudaDeviceReset clears what the table remembers); a
+/// refused launch ran nothing, so nothing runs twice.
+template <class Kernel>
+void launch_ex(Kernel kernel, const LaunchExConfig& ex, bool clusters, const TopkKernelParams& p,
+               const char* name) {
+  const std::size_t smem = ex.config.dynamicSmemBytes;
+  OptIns::allow(kernel, smem, clusters, name);
+  cudaError_t e = cudaLaunchKernelEx(&ex.config, kernel, p);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // a refused launch's error is not sticky
+    OptIns::forget(kernel);
+    OptIns::allow(kernel, smem, clusters, name);
+    e = cudaLaunchKernelEx(&ex.config, kernel, p);
+  }
+  cuda_check(e, name);
+}
+
+template <class Kernel>
+void launch(Kernel kernel, std::int64_t blocks, int threads, std::size_t smem,
+            cudaStream_t stream, const TopkKernelParams& p, const char* name) {
+  launch_ex(kernel, LaunchExConfig(blocks, threads, smem, stream), false, p, name);
+}
+
 /// launch(), as the programmatic dependent of the kernel before it in the stream when
 /// `dependent` (cuda/common/dependent_launch.cuh): it may be scheduled while that one runs, and
 /// waits for its results in the kernel. The slice kernels allow it from their start; overlapping
@@ -271,32 +350,18 @@ void launch_after(Kernel kernel, std::int64_t blocks, int threads, std::size_t s
     launch(kernel, blocks, threads, smem, stream, p, name);
     return;
   }
-  allow_dynamic_smem(kernel, smem, name);
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  const LaunchExConfig ex(blocks, threads, smem, stream, attribute);
-  cuda_check(cudaLaunchKernelEx(&ex.config, kernel, p), name);
-  cuda_check_launch(name);
-}
-
-/// Opts `kernel` into `smem` bytes of dynamic shared memory and clusters of up to 16 CTAs (more
-/// than 8 is non-portable).
-template <class Kernel>
-void allow_clusters(Kernel kernel, std::size_t smem, const char* name) {
-  allow_dynamic_smem(kernel, smem, name);
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-             name);
+  launch_ex(kernel, LaunchExConfig(blocks, threads, smem, stream, attribute), false, p, name);
 }
 
 /// Launches `ctas` CTAs per row as one thread-block cluster each (sm_90).
 template <class Kernel>
 void launch_clustered(Kernel kernel, std::int64_t rows, int ctas, int threads, std::size_t smem,
                       cudaStream_t stream, const TopkKernelParams& p, const char* name) {
-  allow_clusters(kernel, smem, name);
-  const LaunchExConfig cluster(rows * ctas, threads, smem, stream, cluster_attribute(ctas));
-  cuda_check(cudaLaunchKernelEx(&cluster.config, kernel, p), name);
-  cuda_check_launch(name);
+  launch_ex(kernel, LaunchExConfig(rows * ctas, threads, smem, stream, cluster_attribute(ctas)),
+            true, p, name);
 }
 
 /// The clustered cluster kernel with CTAs of `threads` (kShortThreads or kWideClusterThreads),
