@@ -210,8 +210,8 @@ struct TopkPlan {
 /// driver call that also waits for the runtime's host<->device copies in flight (reported
 /// against the CUDA runtime, intel/llvm#16928): set before every launch, it would stall a call
 /// behind other streams' copies. So each kernel is opted in once a device, to the most shared
-/// memory asked so far. A launch that fails forgets the kernel's opt-ins (a cudaDeviceReset
-/// clears them), so that the next call sets them again.
+/// memory asked so far; launch_ex sets them again when a launch is refused (a cudaDeviceReset
+/// clears them).
 class OptIns {
  public:
   template <class Kernel>
@@ -323,10 +323,11 @@ void launch_ex(Kernel kernel, const LaunchExConfig& ex, bool clusters, const Top
   OptIns::allow(kernel, smem, clusters, name);
   cudaError_t e = cudaLaunchKernelEx(&ex.config, kernel, p);
   if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // a refused launch's error is not sticky
-    OptIns::forget(kernel);
+    (void)cudaGetLastError();  // a refused launch's error is not sticky: cleared, not left
+    OptIns::forget(kernel);    // for the caller's next error check to report as its own
     OptIns::allow(kernel, smem, clusters, name);
     e = cudaLaunchKernelEx(&ex.config, kernel, p);
+    if (e != cudaSuccess) (void)cudaGetLastError();
   }
   cuda_check(e, name);
 }
