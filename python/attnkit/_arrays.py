@@ -330,7 +330,7 @@ def physical_memory() -> Optional[int]:
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The strides, in elements, of a contiguous array of `shape`, as torch gives them (a
     dimension of size 0 counts as 1)."""
-    if len(shape) == 2:
+    if len(shape) == 2:  # [B, k], the outputs of nearly every call, without the loop
         return (max(shape[1], 1), 1)
     strides, step = [], 1
     for size in reversed(shape):

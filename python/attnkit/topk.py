@@ -369,16 +369,16 @@ def topk(
         values_view = raw_view(out_values, "out_values", writable=True)
 
     # A raw view says where x lives: on the CPU there is no workspace or stream to ask for.
+    workspace = None
     if type(x_view) is tuple and x_view[4] == 0:
-        _ext.topk(x_view, indices_view, values_view, *inputs, *options, None, 0)
+        stream = 0
     elif is_torch(x):  # x as resolved: a GPU DLPack producer is read through torch
         # Scratch from torch's caching allocator, asked for by the extension when the call
         # needs any; on torch's current stream, read without a Stream object.
-        _ext.topk(x_view, indices_view, values_view, *inputs, *options, _torch_workspace,
-                  _arrays.torch_stream(x_view[5]))
+        workspace, stream = _torch_workspace, _arrays.torch_stream(x_view[5])
     else:
-        _ext.topk(x_view, indices_view, values_view, *inputs, *options, None,
-                  _arrays.current_stream(x))
+        stream = _arrays.current_stream(x)
+    _ext.topk(x_view, indices_view, values_view, *inputs, *options, workspace, stream)
     # Caller tensors were written behind torch's back: bump their version counters, so that
     # autograd refuses a backward through a value saved before the write (as after torch.topk's
     # out=).

@@ -278,8 +278,7 @@ NB_MODULE(_ext, m) {
         // call needs any: one size query in C++ rather than a second call from Python.
         nb::object scratch;  // what the allocator returned, held until the launch is enqueued
         std::optional<TensorView> ws;
-        if (!workspace.is_none() && !nb::isinstance<nb::tuple>(workspace) &&
-            PyCallable_Check(workspace.ptr())) {
+        if (PyCallable_Check(workspace.ptr())) {  // not None, nor a raw view's tuple
           const std::size_t need = attnkit::topk_workspace_size(t, o);
           if (need != 0) {
             scratch = workspace(need, t.x.device.index);
