@@ -19,6 +19,13 @@ sampling fp32 N = 129280 k in {1, 50, 1024, 4096}), return_values, and an input-
 (normal, DSA-like ReLU sums, ascending rows (the adversarial order for threshold filters),
 4-valued ties).
 
+FlashInfer, when it is installed, is timed the same way on every case: `flashinfer.top_k` as it
+ships (ties broken any way, rows unsorted, int64 indices; it always returns the values) and with
+`deterministic=True, tie_break=1` (lowest index wins, attnkit's contract), and on causal rows
+`flashinfer.top_k_ragged_transform` (per-row lengths, int32 indices only). Its outputs are
+checked too (a valid top-k set; with lowest-index ties, the reference set) and the verdict is
+reported beside its time, not raised.
+
 Usage: python bench/bench_topk.py [--quick] [--eager] [--flush clean|write] [--json out.json]
                                  [--markdown out.md] [--case dtype:B:N:k[:causal][:pattern] ...]
 
@@ -213,6 +220,54 @@ def check(x, k, end, values, indices, order="none"):
             raise AssertionError(f"a row is not in sorted={order!r} order")
 
 
+def is_top_k(x, k, end, indices, lowest_index: bool) -> bool:
+    """Whether indices hold a top-k of each row's valid range: the values they pick equal the
+    k best values (ties broken any way), and with lowest_index the set is the reference's."""
+    want = reference_indices(x, k, end)
+    got = indices.long()
+    if end is not None:
+        lengths = end.long().clamp(max=k)
+        slot = torch.arange(k, device=x.device)[None, :]
+        if not torch.equal(got < 0, slot >= lengths[:, None]):
+            return False
+        got = torch.where(slot < lengths[:, None], got, want)
+    if ((got < 0) | (got >= x.shape[1])).any():
+        return False
+    if lowest_index:
+        return torch.equal(torch.sort(got, dim=1).values, want)
+    picked = torch.sort(x.gather(1, got).float(), dim=1).values
+    best = torch.sort(x.gather(1, want).float(), dim=1).values
+    return torch.equal(picked, best)
+
+
+def flashinfer_calls(fi, x, k, end):
+    """FlashInfer's calls for one case, by column: its top_k as it ships (any ties) and with
+    lowest-index ties, or on rows with per-row ends its ragged top-k (any ties). Each is
+    (call, indices of the call's result, whether its ties are lowest-index)."""
+    if end is not None:
+        offsets = torch.zeros_like(end)
+        return {"flashinfer_us": (lambda: fi.top_k_ragged_transform(x, offsets, end, k),
+                                  lambda out: out, False)}
+    return {"flashinfer_us": (lambda: fi.top_k(x, k), lambda out: out[1], False),
+            "flashinfer_lowest_us": (lambda: fi.top_k(x, k, deterministic=True, tie_break=1),
+                                     lambda out: out[1], True)}
+
+
+def time_flashinfer(fi, x, k, end, timer):
+    """{column: median us or None} and {column: "ok" / "wrong" / the error it raised}."""
+    times, verdicts = {}, {}
+    for column, (call, indices_of, lowest) in flashinfer_calls(fi, x, k, end).items():
+        try:
+            out = call()
+            torch.cuda.synchronize()
+            verdicts[column] = "ok" if is_top_k(x, k, end, indices_of(out), lowest) else "wrong"
+            times[column] = round(timer(call).median_us(), 2)
+        except Exception as e:  # a peer's refusal is reported, not fatal
+            times[column] = None
+            verdicts[column] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    return times, verdicts
+
+
 def peers():
     found = {}
     try:
@@ -249,6 +304,10 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
             # Causal prefill: row b of the last b query tokens sees end[b] keys, rising to N.
             end = (n - b + 1 + torch.arange(b, device="cuda", dtype=torch.int32)).clamp(min=1)
         valid = int(end.sum().item()) if end is not None else b * n
+        fi_times, fi_verdicts = ({}, {})
+        if "flashinfer" in available and order == "none":
+            # It returns values on every call: one measurement serves both rows of the case.
+            fi_times, fi_verdicts = time_flashinfer(available["flashinfer"], x, k, end, timer)
         for return_values in (True, False):
             out_i = torch.empty(b, k, dtype=torch.int32, device="cuda")
             out_v = torch.empty(b, k, dtype=dtype, device="cuda") if return_values else None
@@ -281,21 +340,47 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
                 "torch_TBps": round(bytes_moved / t_torch / 1e6, 3),
                 "speedup": round(t_torch / t_ours, 2),
             }
+            for column, t in fi_times.items():
+                row[column] = t
+                row[column.removesuffix("_us") + "_check"] = fi_verdicts[column]
+            fi = row.get("flashinfer_us")
+            if fi is not None:
+                row["speedup_flashinfer"] = round(fi / t_ours, 2)
             rows.append(row)
             print(f"{name:16s} {row['dtype']:8s} B={b:<5d} N={n:<8d} k={k:<5d} values={int(return_values)} "
                   f"attnkit {t_ours:9.2f} us {row['attnkit_TBps']:6.3f} TB/s | torch {t_torch:9.2f} us "
-                  f"| x{row['speedup']:.2f}", flush=True)
+                  f"| x{row['speedup']:.2f}"
+                  + "".join(f" | {c.removesuffix('_us')} {t} us ({fi_verdicts[c]})"
+                            for c, t in fi_times.items()), flush=True)
     return rows
 
 
+def _peer_cell(r, column):
+    t, verdict = r.get(column), r.get(column.removesuffix("_us") + "_check")
+    if verdict is None:
+        return "-"
+    if t is None:
+        return f"refused ({verdict})"
+    return f"{t}" if verdict == "ok" else f"{t} ({verdict})"
+
+
 def markdown(rows, header: str) -> str:
-    lines = [header, "",
-             "| case | dtype | B | N | k | values | torch.topk us | attnkit us | attnkit TB/s | speed-up |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    with_fi = any("flashinfer_check" in r for r in rows)
+    head = "| case | dtype | B | N | k | values | torch.topk us | attnkit us | attnkit TB/s | speed-up |"
+    rule = "|---|---|---|---|---|---|---|---|---|---|"
+    if with_fi:
+        head += " FlashInfer us (any ties) | FlashInfer us (lowest index) | vs FlashInfer |"
+        rule += "---|---|---|"
+    lines = [header, "", head, rule]
     for r in rows:
-        lines.append(f"| {r['case']}{' (causal)' if r['causal'] else ''} | {r['dtype']} | {r['B']} | {r['N']} | "
-                     f"{r['k']} | {'yes' if r['values'] else 'no'} | {r['torch_us']} | {r['attnkit_us']} | "
-                     f"{r['attnkit_TBps']} | {r['speedup']}x |")
+        line = (f"| {r['case']}{' (causal)' if r['causal'] else ''} | {r['dtype']} | {r['B']} | {r['N']} | "
+                f"{r['k']} | {'yes' if r['values'] else 'no'} | {r['torch_us']} | {r['attnkit_us']} | "
+                f"{r['attnkit_TBps']} | {r['speedup']}x |")
+        if with_fi:
+            vs = r.get("speedup_flashinfer")
+            line += (f" {_peer_cell(r, 'flashinfer_us')} | {_peer_cell(r, 'flashinfer_lowest_us')} | "
+                     f"{f'{vs}x' if vs is not None else '-'} |")
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -342,6 +427,11 @@ def main() -> int:
             f.write(markdown(rows, header))
     geo = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
     print(f"# geometric-mean speed-up over torch.topk: {geo:.2f}x over {len(rows)} cases")
+    fi = [r["speedup_flashinfer"] for r in rows if "speedup_flashinfer" in r]
+    if fi:
+        geo_fi = math.exp(sum(math.log(v) for v in fi) / len(fi))
+        print(f"# geometric-mean speed-up over flashinfer.top_k (any ties): {geo_fi:.2f}x over "
+              f"{len(fi)} cases, {min(fi):.2f}-{max(fi):.2f}x")
     return 0
 
 
