@@ -107,11 +107,13 @@ __device__ __forceinline__ void publish_pivot(SelectScratch<kThreads>& s, std::u
 ///   the keys and a barrier, more than it saves on 16-bit keys, whose second pass counts only
 ///   the pivot digit's keys: read for 16-bit keys too, it made the bf16 filter shapes 1-7 %
 ///   slower (run 143).
+/// With kRolledPasses, 32-bit keys run one copy of the pass in a loop instead of four unrolled
+/// (the filter kernels of one CTA an SM and the merge take it; see topk_rows_kernel).
 /// A pass counts the digits into one shared histogram that warp 0 scans (publish_pivot), so
 /// it costs two barriers. Every thread calls it; the lists must be shared-memory pointers
 /// (as_shared). The first barrier publishes the appends that filled b; the last one follows
 /// every read of the lists.
-template <int kThreads, int kKeyBits>
+template <int kThreads, int kKeyBits, bool kRolledPasses>
 __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Candidates& b,
                                                    std::uint32_t k, std::uint32_t base,
                                                    SelectScratch<kThreads>& s,
@@ -157,7 +159,7 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
   std::uint32_t prefix = 0;  // bits of (key - lo) fixed so far: those >= above
   int above = 32;
   int shift = bits > 8 ? bits - 8 : 0;
-#pragma unroll
+#pragma unroll(kKeyBits == 32 && kRolledPasses ? 1 : kKeyBits / 8)
   for (int pass = 0; pass < kKeyBits / 8; ++pass) {
     // A digit narrower than 8 bits (the last, or the first of a range of fewer than 8) reads
     // fixed bits above it too: equal for every key counted, they only offset the bins.
@@ -190,7 +192,7 @@ __device__ __forceinline__ std::uint32_t radix_kth(const Candidates& a, const Ca
 /// distinct banks), and one block scan of packed (greater, equal) counts gives every run its
 /// output position. Candidates never have key 0 (excluded scores are never admitted).
 /// Requires n <= 65535 (packed 16-bit counts).
-template <int kThreads, int kKeyBits>
+template <int kThreads, int kKeyBits, bool kRolledPasses>
 __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
                                                   std::uint32_t* out_key, std::uint32_t* out_col,
                                                   std::uint32_t k, std::uint32_t base,
@@ -203,7 +205,7 @@ __device__ __noinline__ std::uint32_t select_into(Candidates a, Candidates b,
   auto key_at = [&](std::uint32_t p) { return p < a.n ? a.key[p] : b.key[p - a.n]; };
   auto col_at = [&](std::uint32_t p) { return p < a.n ? a.col[p] : b.col[p - a.n]; };
   std::uint32_t need;
-  const std::uint32_t kth = radix_kth<kThreads, kKeyBits>(a, b, k, base, s, need);
+  const std::uint32_t kth = radix_kth<kThreads, kKeyBits, kRolledPasses>(a, b, k, base, s, need);
   // The first `need` candidates equal to kth are kept.
 
   std::uint32_t run = (n + kThreads - 1) / kThreads;

@@ -263,7 +263,7 @@ __device__ __noinline__ void append_list(Candidates to, Candidates from) {
   __syncthreads();
 }
 
-template <class Traits, int kThreads>
+template <class Traits, int kThreads, bool kRolledPasses>
 struct FilterEngine {
   static constexpr int kWarps = kThreads / kWarpSize;
   static_assert(kWarps % 4 == 0, "append reads the warps' totals four at a time");
@@ -344,7 +344,7 @@ struct FilterEngine {
     }
     std::uint32_t need;
     sample.n = samples;
-    const std::uint32_t f = radix_kth<kThreads, Traits::kBits>(
+    const std::uint32_t f = radix_kth<kThreads, Traits::kBits, kRolledPasses>(
         sample, Candidates{sample.key, sample.col, 0}, rank, 0, scratch, need);
     if (f > kExcludedScore + 1) {  // below that, it excludes nothing
       set_threshold(f - 1);
@@ -376,7 +376,7 @@ struct FilterEngine {
   /// Keeps the best k of survivors ++ newcomers and raises the threshold.
   __device__ void select() {
     const Candidates out = spare();
-    set_threshold(select_into<kThreads, Traits::kBits>(survivors(), newcomers(), out.key, out.col,
+    set_threshold(select_into<kThreads, Traits::kBits, kRolledPasses>(survivors(), newcomers(), out.key, out.col,
                                                         k, threshold, scratch));
     current ^= 1u;
     survivors_n = k;
@@ -539,8 +539,8 @@ struct FilterEngine {
 /// Filters a partial round, element j of vecs[u] being the one at column col0[u] + j (real
 /// when j < valid[u]), and appends its newcomers. Full rounds take the prefilter path in
 /// stream_row instead.
-template <int kU, int kVec, class Traits, int kThreads>
-__device__ __forceinline__ void filter_partial_round(FilterEngine<Traits, kThreads>& e,
+template <int kU, int kVec, class Traits, int kThreads, bool kRolled>
+__device__ __forceinline__ void filter_partial_round(FilterEngine<Traits, kThreads, kRolled>& e,
                                                      const uint4 (&vecs)[kU],
                                                      const std::uint32_t (&col0)[kU],
                                                      const int (&valid)[kU], bool track_nan,
@@ -591,8 +591,8 @@ __device__ __forceinline__ SampleRange sample_range(const Bits* row, std::int64_
 /// `sample` range of at least kFilterSampleMinVectors vectors the engine first gets a sampled
 /// floor, while the first rounds' loads are in flight. Returns whether this thread saw a NaN
 /// (only tracked when track_nan).
-template <class Traits, int kThreads, int kPrefetchVectors, int kU>
-__device__ bool stream_row(FilterEngine<Traits, kThreads>& e, const typename Traits::Bits* row,
+template <class Traits, int kThreads, int kPrefetchVectors, int kU, bool kRolled>
+__device__ bool stream_row(FilterEngine<Traits, kThreads, kRolled>& e, const typename Traits::Bits* row,
                            std::uint32_t lo, std::uint32_t hi, bool track_nan,
                            SampleRange sample) {
   using Bits = typename Traits::Bits;
@@ -833,10 +833,10 @@ __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const C
 }
 
 /// Carves the dynamic shared memory and builds the engine.
-template <class Traits, int kThreads>
-__device__ __forceinline__ FilterEngine<Traits, kThreads> make_engine(
+template <class Traits, int kThreads, bool kRolledPasses>
+__device__ __forceinline__ FilterEngine<Traits, kThreads, kRolledPasses> make_engine(
     const TopkKernelParams& p, SelectScratch<kThreads>& scratch, std::uint32_t* warp_hits) {
-  FilterEngine<Traits, kThreads> e{p.survivor_slots,
+  FilterEngine<Traits, kThreads, kRolledPasses> e{p.survivor_slots,
                                    p.newcomer_slots,
                                    0,
                                    0,
@@ -868,7 +868,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   // The range in 32 bits (N < 2^31): the rescan keeps it live across the first scan.
   const auto seg_lo = static_cast<std::uint32_t>(lo), seg_hi = static_cast<std::uint32_t>(hi);
 
-  auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
+  // fp32 selects run their digit passes as one copy in a loop in the kernels of one CTA an SM
+  // (sliced rows, whose merge does too): 1.06-1.07x there; with two CTAs an SM it was
+  // 0.98-1.00x, and the three-CTA policy's 80 registers spill with the loop.
+  auto e = make_engine<Traits, kThreads, (kMinBlocks == 1)>(p, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
   const bool track_nan = p.nan_flag != nullptr;
   // A slice samples its whole row for the row's k: every slice of the row gets the same floor,
@@ -936,7 +939,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
 
   const std::int64_t b = blockIdx.x;
   const int tid = threadIdx.x;
-  auto e = make_engine<Traits, kThreads>(p, scratch, warp_hits);
+  auto e = make_engine<Traits, kThreads, true>(p, scratch, warp_hits);
   if (tid == 0) row_floor = kExcludedScore;
   wait_for_prior_grid();  // the slices' lists
   const std::uint32_t word = tid < p.slices ? p.slice_count[b * p.slices + tid] : 0u;
