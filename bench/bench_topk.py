@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GPU benchmark of attnkit.topk against torch.topk (and DeepSelect / FlashInfer when installed).
+"""GPU benchmark of attnkit.topk against torch.topk (and FlashInfer when installed).
 
 What is measured: the GPU time of one top-k call, as the median over repeats of CUDA-event
 timings around a CUDA-graph replay of the call (so Python and launch overhead stay out, as in
@@ -271,12 +271,6 @@ def time_flashinfer(fi, x, k, end, timer):
 def peers():
     found = {}
     try:
-        import deep_select  # noqa: F401
-
-        found["deepselect"] = deep_select
-    except ImportError:
-        pass
-    try:
         import flashinfer  # noqa: F401
 
         found["flashinfer"] = flashinfer
@@ -294,9 +288,8 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
         return EagerTimer(fn, repeats) if eager else GraphTimer(fn, repeats, clean_flush)
 
     available = peers()
-    for peer in ("deepselect", "flashinfer"):
-        if peer not in available:
-            print(f"# {peer}: not installed on this machine, column skipped", file=sys.stderr)
+    if "flashinfer" not in available:
+        print("# flashinfer: not installed on this machine, its columns skipped", file=sys.stderr)
     for name, dtype, b, n, k, causal, pattern in case_list:
         x = make_input(pattern, b, n, dtype, gen)
         end = None

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""bench/bench_topk.py --case: the shape specs it accepts and the ones it names as wrong."""
+"""bench/bench_topk.py: the --case specs it accepts and the ones it names as wrong, the check of a
+peer's results and the table's peer columns."""
 
 from __future__ import annotations
 
@@ -35,3 +36,39 @@ def test_case_specs_parse_into_case_tuples(spec, want):
 def test_bad_case_specs_are_named(spec, fragment):
     with pytest.raises(ValueError, match=f"--case '{spec}': {fragment}"):
         bench_topk.parse_case(spec)
+
+
+def test_peer_check_accepts_any_tie_break_and_rejects_a_wrong_set():
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0, 3.0], [0.0, 5.0, 4.0, 5.0, 1.0]])
+    lowest = torch.tensor([[0, 2], [1, 3]])
+    other_tie = torch.tensor([[4, 2], [3, 1]])  # the same values, a different tie broken
+    wrong = torch.tensor([[0, 3], [1, 2]])  # 2.0 and 4.0 are not among the best two
+    assert bench_topk.is_top_k(x, 2, None, lowest, lowest_index=True)
+    assert bench_topk.is_top_k(x, 2, None, other_tie, lowest_index=False)
+    assert not bench_topk.is_top_k(x, 2, None, other_tie, lowest_index=True)
+    assert not bench_topk.is_top_k(x, 2, None, wrong, lowest_index=False)
+    assert not bench_topk.is_top_k(x, 2, None, torch.tensor([[0, 5], [1, 3]]), lowest_index=False)
+
+
+def test_peer_check_of_ragged_rows_wants_padding_past_each_end():
+    x = torch.tensor([[9.0, 8.0, 7.0, 6.0], [1.0, 2.0, 3.0, 4.0]])
+    end = torch.tensor([1, 4], dtype=torch.int32)
+    assert bench_topk.is_top_k(x, 2, end, torch.tensor([[0, -1], [3, 2]]), lowest_index=False)
+    # Row 0 holds one valid column: a second index there reads past its end.
+    assert not bench_topk.is_top_k(x, 2, end, torch.tensor([[0, 1], [3, 2]]), lowest_index=False)
+
+
+def test_markdown_shows_peer_columns_and_refusals():
+    row = {"case": "sampling", "causal": False, "dtype": "float32", "B": 1, "N": 129280, "k": 4096,
+           "values": True, "torch_us": 63.0, "attnkit_us": 16.0, "attnkit_TBps": 0.03,
+           "speedup": 3.94, "flashinfer_us": 18.5, "flashinfer_check": "ok",
+           "flashinfer_lowest_us": None, "flashinfer_lowest_check": "RuntimeError: not supported",
+           "speedup_flashinfer": 1.16}
+    table = bench_topk.markdown([row], "header")
+    assert "FlashInfer us (any ties) | FlashInfer us (lowest index) | vs FlashInfer |" in table
+    assert "| 18.5 | refused (RuntimeError: not supported) | 1.16x |" in table
+    plain = dict(row)
+    for key in ("flashinfer_us", "flashinfer_check", "flashinfer_lowest_us",
+                "flashinfer_lowest_check", "speedup_flashinfer"):
+        del plain[key]
+    assert "FlashInfer" not in bench_topk.markdown([plain], "header")
