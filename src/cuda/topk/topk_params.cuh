@@ -57,9 +57,11 @@ struct TopkKernelParams {
   std::uint32_t slot_stride;  // slots per slice, a multiple of 4
   std::uint32_t* slice_key;
   std::uint32_t* slice_col;
-  // Filter slices: each slice's final threshold when it kept k_select elements (all scoring at
-  // least that), else 0. The row's k-th best scores at least every such threshold, so the merge
-  // admits only scores from their maximum up.
+  // Filter slices: each slice's final threshold; every element it kept scores at least that.
+  // Unless the merge rescans the row (fewer than k_select kept above the sampled floor), the
+  // row's k-th best scores at least every slice's threshold (a slice that kept fewer than
+  // k_select has the floor's, or 0 without one), so the merge admits only scores from their
+  // maximum up, and from their minimum every candidate's score counts as a 16-bit select's base.
   std::uint32_t* slice_floor;
   // Filter slices: the number of candidates each slice kept, | kSliceFloored when the row's
   // sampled floor bounded its admissions.

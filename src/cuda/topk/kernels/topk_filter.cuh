@@ -906,7 +906,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
     const Candidates c = e.finish(false);
     const std::int64_t at = b * p.slices + s;
     if (threadIdx.x == 0) {
-      p.slice_floor[at] = c.n == p.k_select ? e.threshold : kExcludedScore;
+      p.slice_floor[at] = e.threshold;
       p.slice_count[at] = c.n | (e.floored ? kSliceFloored : 0u);
     }
     const std::int64_t base = at * p.slot_stride;
@@ -935,12 +935,16 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
   __shared__ SelectScratch<kThreads> scratch;
   __shared__ __align__(16) std::uint32_t warp_hits[2 * 2 * 32];
   __shared__ std::uint32_t first[kMaxSlices + 1];  // slice s's candidates: [first[s], first[s+1])
-  __shared__ std::uint32_t row_floor;
+  __shared__ std::uint32_t row_floor;  // the largest slice threshold: candidates admitted from it
+  __shared__ std::uint32_t row_base;   // the least: every candidate scores at least that
 
   const std::int64_t b = blockIdx.x;
   const int tid = threadIdx.x;
   auto e = make_engine<Traits, kThreads, true>(p, scratch, warp_hits);
-  if (tid == 0) row_floor = kExcludedScore;
+  if (tid == 0) {
+    row_floor = kExcludedScore;
+    row_base = ~0u;
+  }
   wait_for_prior_grid();  // the slices' lists
   const std::uint32_t word = tid < p.slices ? p.slice_count[b * p.slices + tid] : 0u;
   const std::uint32_t n = word & ~kSliceFloored;
@@ -948,7 +952,9 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
   const std::uint32_t before = block_exclusive_sum<kThreads>(n, scratch.warp_totals, total);
   if (tid < p.slices) {
     first[tid] = before;
-    atomicMax(&row_floor, p.slice_floor[b * p.slices + tid]);
+    const std::uint32_t threshold = p.slice_floor[b * p.slices + tid];
+    atomicMax(&row_floor, threshold);
+    atomicMin(&row_base, threshold);
   }
   if (tid == 0) first[p.slices] = total;
   const bool floored = __syncthreads_or((word & kSliceFloored) != 0);
@@ -999,6 +1005,9 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
       }
     }
     e.newcomers_n = total;
+    // A base above 0 lets 16-bit keys take the select's one pass of scores counted from it
+    // (every slice's list scores at least its threshold, the row's floor or higher).
+    if (row_base > kExcludedScore) e.set_threshold(row_base);
     write_outputs<Traits, kThreads>(p, b, e.finish(p.sort_by_value));
     return;
   }
