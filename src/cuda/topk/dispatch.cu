@@ -227,7 +227,7 @@ std::size_t segmented_sort_bytes(std::int64_t batch, std::int64_t k, cudaStream_
 
 /// Byte offsets of the workspace parts; 0-sized parts are absent.
 struct Layout {
-  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, slice_floor = 0, slice_count = 0,
+  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, slice_threshold = 0, slice_count = 0,
               ranked_in = 0, ranked_out = 0, cub = 0;
   std::size_t total = 0;
 };
@@ -365,7 +365,7 @@ Launch make_launch(const TopkProblem& p) {
     if (plan.path == TopkPath::kFilter) {
       const std::size_t words =
           static_cast<std::size_t>(p.batch) * plan.slices * sizeof(std::uint32_t);
-      l.layout.slice_floor = take(words);
+      l.layout.slice_threshold = take(words);
       l.layout.slice_count = take(words);
     }
   }
@@ -409,7 +409,7 @@ TopkKernelParams make_params(const TopkProblem& p, const Launch& l, char* ws) {
     k.slice_key = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_key);
     k.slice_col = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_col);
     if (l.plan.path == TopkPath::kFilter) {
-      k.slice_floor = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_floor);
+      k.slice_threshold = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_threshold);
       k.slice_count = reinterpret_cast<std::uint32_t*>(ws + l.layout.slice_count);
     }
   }

@@ -62,7 +62,7 @@ struct TopkKernelParams {
   // row's k-th best scores at least every slice's threshold (a slice that kept fewer than
   // k_select has the floor's, or 0 without one), so the merge admits only scores from their
   // maximum up, and from their minimum every candidate's score counts as a 16-bit select's base.
-  std::uint32_t* slice_floor;
+  std::uint32_t* slice_threshold;
   // Filter slices: the number of candidates each slice kept, | kSliceFloored when the row's
   // sampled floor bounded its admissions.
   std::uint32_t* slice_count;

@@ -376,8 +376,8 @@ struct FilterEngine {
   /// Keeps the best k of survivors ++ newcomers and raises the threshold.
   __device__ void select() {
     const Candidates out = spare();
-    set_threshold(select_into<kThreads, Traits::kBits, kRolledPasses>(survivors(), newcomers(), out.key, out.col,
-                                                        k, threshold, scratch));
+    set_threshold(select_into<kThreads, Traits::kBits, kRolledPasses>(
+        survivors(), newcomers(), out.key, out.col, k, threshold, scratch));
     current ^= 1u;
     survivors_n = k;
     newcomers_n = 0;
@@ -592,9 +592,9 @@ __device__ __forceinline__ SampleRange sample_range(const Bits* row, std::int64_
 /// floor, while the first rounds' loads are in flight. Returns whether this thread saw a NaN
 /// (only tracked when track_nan).
 template <class Traits, int kThreads, int kPrefetchVectors, int kU, bool kRolled>
-__device__ bool stream_row(FilterEngine<Traits, kThreads, kRolled>& e, const typename Traits::Bits* row,
-                           std::uint32_t lo, std::uint32_t hi, bool track_nan,
-                           SampleRange sample) {
+__device__ bool stream_row(FilterEngine<Traits, kThreads, kRolled>& e,
+                           const typename Traits::Bits* row, std::uint32_t lo, std::uint32_t hi,
+                           bool track_nan, SampleRange sample) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / sizeof(Bits);
   constexpr int kPrefetch = kPrefetchVectors / kU > 0 ? kPrefetchVectors / kU : 1;  // rounds
@@ -836,17 +836,9 @@ __device__ void write_outputs(const TopkKernelParams& p, std::int64_t b, const C
 template <class Traits, int kThreads, bool kRolledPasses>
 __device__ __forceinline__ FilterEngine<Traits, kThreads, kRolledPasses> make_engine(
     const TopkKernelParams& p, SelectScratch<kThreads>& scratch, std::uint32_t* warp_hits) {
-  FilterEngine<Traits, kThreads, kRolledPasses> e{p.survivor_slots,
-                                   p.newcomer_slots,
-                                   0,
-                                   0,
-                                   0,
-                                   scratch,
-                                   warp_hits,
-                                   p.k_select,
-                                   p.limit,
-                                   p.newcomer_limit,
-                                   p.sp};
+  FilterEngine<Traits, kThreads, kRolledPasses> e{
+      p.survivor_slots, p.newcomer_slots, 0, 0, 0, scratch, warp_hits, p.k_select, p.limit,
+      p.newcomer_limit, p.sp};
   e.set_threshold(kExcludedScore);
   return e;
 }
@@ -869,7 +861,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
   const auto seg_lo = static_cast<std::uint32_t>(lo), seg_hi = static_cast<std::uint32_t>(hi);
 
   // fp32 selects run their digit passes as one copy in a loop in the kernels of one CTA an SM
-  // (sliced rows, whose merge does too): 1.06-1.07x there; with two CTAs an SM it was
+  // (sliced rows, whose merge does too): 1.02-1.08x there; with two CTAs an SM it was
   // 0.98-1.00x, and the three-CTA policy's 80 registers spill with the loop.
   auto e = make_engine<Traits, kThreads, (kMinBlocks == 1)>(p, scratch, warp_hits);
   const auto* row = static_cast<const typename Traits::Bits*>(p.x) + b * p.row_stride;
@@ -906,7 +898,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) topk_rows_kernel(const T
     const Candidates c = e.finish(false);
     const std::int64_t at = b * p.slices + s;
     if (threadIdx.x == 0) {
-      p.slice_floor[at] = e.threshold;
+      p.slice_threshold[at] = e.threshold;
       p.slice_count[at] = c.n | (e.floored ? kSliceFloored : 0u);
     }
     const std::int64_t base = at * p.slot_stride;
@@ -952,7 +944,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
   const std::uint32_t before = block_exclusive_sum<kThreads>(n, scratch.warp_totals, total);
   if (tid < p.slices) {
     first[tid] = before;
-    const std::uint32_t threshold = p.slice_floor[b * p.slices + tid];
+    const std::uint32_t threshold = p.slice_threshold[b * p.slices + tid];
     atomicMax(&row_floor, threshold);
     atomicMin(&row_base, threshold);
   }
