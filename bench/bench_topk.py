@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GPU benchmark of attnkit.topk against torch.topk (and FlashInfer when installed).
+"""GPU benchmark of attnkit.topk against torch.topk (and FlashInfer and DeepSelect when installed).
 
 What is measured: the GPU time of one top-k call, as the median over repeats of CUDA-event
 timings around a CUDA-graph replay of the call (so Python and launch overhead stay out, as in
@@ -25,6 +25,10 @@ ships (ties broken any way, rows unsorted, int64 indices; it always returns the 
 `flashinfer.top_k_ragged_transform` (per-row lengths, int32 indices only). Its outputs are
 checked too (a valid top-k set; with lowest-index ties, the reference set) and the verdict is
 reported beside its time, not raised.
+
+DeepSelect, when `deep_select` is importable, is timed on the same rows with the same return_values
+(`deep_select.topk(x, k, end=end, indices_type=torch.int32, return_value=...)`, rows unsorted,
+ties broken any way, unused slots filled with -1); its results are checked the same way.
 
 Usage: python bench/bench_topk.py [--quick] [--eager] [--flush clean|write] [--json out.json]
                                  [--markdown out.md] [--case dtype:B:N:k[:causal][:pattern] ...]
@@ -257,19 +261,37 @@ def time_flashinfer(fi, x, k, end, timer):
     """{column: median us or None} and {column: "ok" / "wrong" / the error it raised}."""
     times, verdicts = {}, {}
     for column, (call, indices_of, lowest) in flashinfer_calls(fi, x, k, end).items():
-        try:
-            out = call()
-            torch.cuda.synchronize()
-            verdicts[column] = "ok" if is_top_k(x, k, end, indices_of(out), lowest) else "wrong"
-            times[column] = round(timer(call).median_us(), 2)
-        except Exception as e:  # a peer's refusal is reported, not fatal
-            times[column] = None
-            verdicts[column] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        times[column], verdicts[column] = time_peer(call, indices_of, x, k, end, lowest, timer)
     return times, verdicts
+
+
+def deepselect_call(ds, x, k, end, return_values):
+    """DeepSelect's call for one row of a case: (call, indices of its result)."""
+    def call():
+        return ds.topk(x, k, end=end, indices_type=torch.int32, idx_oob_fill_value=-1,
+                       return_value=return_values)
+    return call, lambda out: out[1]
+
+
+def time_peer(call, indices_of, x, k, end, lowest, timer):
+    """(median us or None, "ok" / "wrong" / the error the call raised)."""
+    try:
+        out = call()
+        torch.cuda.synchronize()
+        verdict = "ok" if is_top_k(x, k, end, indices_of(out), lowest) else "wrong"
+        return round(timer(call).median_us(), 2), verdict
+    except Exception as e:  # a peer's refusal is reported, not fatal
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
 def peers():
     found = {}
+    try:
+        import deep_select  # noqa: F401
+
+        found["deepselect"] = deep_select
+    except ImportError:
+        pass
     try:
         import flashinfer  # noqa: F401
 
@@ -290,6 +312,8 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
     available = peers()
     if "flashinfer" not in available:
         print("# flashinfer: not installed on this machine, its columns skipped", file=sys.stderr)
+    if "deepselect" not in available:
+        print("# deep_select: not installed on this machine, its column skipped", file=sys.stderr)
     for name, dtype, b, n, k, causal, pattern in case_list:
         x = make_input(pattern, b, n, dtype, gen)
         end = None
@@ -333,18 +357,23 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
                 "torch_TBps": round(bytes_moved / t_torch / 1e6, 3),
                 "speedup": round(t_torch / t_ours, 2),
             }
-            for column, t in fi_times.items():
+            peer_times, peer_verdicts = dict(fi_times), dict(fi_verdicts)
+            if "deepselect" in available and order == "none":
+                call, indices_of = deepselect_call(available["deepselect"], x, k, end, return_values)
+                peer_times["deepselect_us"], peer_verdicts["deepselect_us"] = time_peer(
+                    call, indices_of, x, k, end, False, timer)
+            for column, t in peer_times.items():
                 row[column] = t
-                row[column.removesuffix("_us") + "_check"] = fi_verdicts[column]
-            fi = row.get("flashinfer_us")
-            if fi is not None:
-                row["speedup_flashinfer"] = round(fi / t_ours, 2)
+                row[column.removesuffix("_us") + "_check"] = peer_verdicts[column]
+            for column in ("flashinfer_us", "deepselect_us"):
+                if row.get(column) is not None:
+                    row["speedup_" + column.removesuffix("_us")] = round(row[column] / t_ours, 2)
             rows.append(row)
             print(f"{name:16s} {row['dtype']:8s} B={b:<5d} N={n:<8d} k={k:<5d} values={int(return_values)} "
                   f"attnkit {t_ours:9.2f} us {row['attnkit_TBps']:6.3f} TB/s | torch {t_torch:9.2f} us "
                   f"| x{row['speedup']:.2f}"
-                  + "".join(f" | {c.removesuffix('_us')} {t} us ({fi_verdicts[c]})"
-                            for c, t in fi_times.items()), flush=True)
+                  + "".join(f" | {c.removesuffix('_us')} {t} us ({peer_verdicts[c]})"
+                            for c, t in peer_times.items()), flush=True)
     return rows
 
 
@@ -359,11 +388,15 @@ def _peer_cell(r, column):
 
 def markdown(rows, header: str) -> str:
     with_fi = any("flashinfer_check" in r for r in rows)
+    with_ds = any("deepselect_check" in r for r in rows)
     head = "| case | dtype | B | N | k | values | torch.topk us | attnkit us | attnkit TB/s | speed-up |"
     rule = "|---|---|---|---|---|---|---|---|---|---|"
     if with_fi:
         head += " FlashInfer us (any ties) | FlashInfer us (lowest index) | vs FlashInfer |"
         rule += "---|---|---|"
+    if with_ds:
+        head += " DeepSelect us (any ties) | vs DeepSelect |"
+        rule += "---|---|"
     lines = [header, "", head, rule]
     for r in rows:
         line = (f"| {r['case']}{' (causal)' if r['causal'] else ''} | {r['dtype']} | {r['B']} | {r['N']} | "
@@ -373,6 +406,9 @@ def markdown(rows, header: str) -> str:
             vs = r.get("speedup_flashinfer")
             line += (f" {_peer_cell(r, 'flashinfer_us')} | {_peer_cell(r, 'flashinfer_lowest_us')} | "
                      f"{f'{vs}x' if vs is not None else '-'} |")
+        if with_ds:
+            vs = r.get("speedup_deepselect")
+            line += f" {_peer_cell(r, 'deepselect_us')} | {f'{vs}x' if vs is not None else '-'} |"
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -420,11 +456,12 @@ def main() -> int:
             f.write(markdown(rows, header))
     geo = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
     print(f"# geometric-mean speed-up over torch.topk: {geo:.2f}x over {len(rows)} cases")
-    fi = [r["speedup_flashinfer"] for r in rows if "speedup_flashinfer" in r]
-    if fi:
-        geo_fi = math.exp(sum(math.log(v) for v in fi) / len(fi))
-        print(f"# geometric-mean speed-up over flashinfer.top_k (any ties): {geo_fi:.2f}x over "
-              f"{len(fi)} cases, {min(fi):.2f}-{max(fi):.2f}x")
+    for peer, call in (("flashinfer", "flashinfer.top_k"), ("deepselect", "deep_select.topk")):
+        ratios = [r["speedup_" + peer] for r in rows if "speedup_" + peer in r]
+        if ratios:
+            geo_peer = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
+            print(f"# geometric-mean speed-up over {call} (any ties): {geo_peer:.2f}x over "
+                  f"{len(ratios)} cases, {min(ratios):.2f}-{max(ratios):.2f}x")
     return 0
 
 

@@ -72,3 +72,39 @@ def test_markdown_shows_peer_columns_and_refusals():
                 "flashinfer_lowest_check", "speedup_flashinfer"):
         del plain[key]
     assert "FlashInfer" not in bench_topk.markdown([plain], "header")
+
+
+def test_markdown_shows_the_deepselect_column():
+    row = {"case": "dsa", "causal": True, "dtype": "bfloat16", "B": 64, "N": 8192, "k": 512,
+           "values": False, "torch_us": 40.0, "attnkit_us": 10.0, "attnkit_TBps": 0.1,
+           "speedup": 4.0, "deepselect_us": 12.5, "deepselect_check": "wrong",
+           "speedup_deepselect": 1.25}
+    table = bench_topk.markdown([row], "header")
+    assert "DeepSelect us (any ties) | vs DeepSelect |" in table
+    assert "| 12.5 (wrong) | 1.25x |" in table
+    assert "FlashInfer" not in table
+
+
+def test_deepselect_call_asks_for_int32_indices_and_minus_one_padding():
+    seen = {}
+
+    class FakeDeepSelect:
+        @staticmethod
+        def topk(x, k, **kwargs):
+            seen.update(kwargs, k=k)
+            return None, torch.zeros(x.shape[0], k, dtype=kwargs["indices_type"])
+
+    x = torch.zeros(2, 8)
+    call, indices_of = bench_topk.deepselect_call(FakeDeepSelect, x, 3, None, False)
+    assert indices_of(call()).dtype == torch.int32
+    assert seen == {"k": 3, "end": None, "indices_type": torch.int32, "idx_oob_fill_value": -1,
+                    "return_value": False}
+
+
+def test_a_peer_refusal_is_reported_not_raised():
+    def refuses():
+        raise RuntimeError("topk must be <= 4096\nmore detail")
+
+    t, verdict = bench_topk.time_peer(refuses, lambda out: out, torch.zeros(1, 4), 2, None,
+                                      False, timer=None)
+    assert t is None and verdict == "RuntimeError: topk must be <= 4096"
