@@ -44,6 +44,7 @@ pattern is one of normal, dsa, ascending, ties (default: dsa for 16-bit types, n
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import statistics
@@ -284,20 +285,19 @@ def time_peer(call, indices_of, x, k, end, lowest, timer):
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
+# The peers timed when importable: {key: (module, the call timed)}. A row's columns for a peer
+# are `<key>_us`, `<key>_check` and `speedup_<key>`.
+PEERS = {"flashinfer": ("flashinfer", "flashinfer.top_k"),
+         "deepselect": ("deep_select", "deep_select.topk")}
+
+
 def peers():
     found = {}
-    try:
-        import deep_select  # noqa: F401
-
-        found["deepselect"] = deep_select
-    except ImportError:
-        pass
-    try:
-        import flashinfer  # noqa: F401
-
-        found["flashinfer"] = flashinfer
-    except ImportError:
-        pass
+    for key, (module, _) in PEERS.items():
+        try:
+            found[key] = importlib.import_module(module)
+        except ImportError:
+            pass
     return found
 
 
@@ -310,10 +310,9 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
         return EagerTimer(fn, repeats) if eager else GraphTimer(fn, repeats, clean_flush)
 
     available = peers()
-    if "flashinfer" not in available:
-        print("# flashinfer: not installed on this machine, its columns skipped", file=sys.stderr)
-    if "deepselect" not in available:
-        print("# deep_select: not installed on this machine, its column skipped", file=sys.stderr)
+    for key, (module, _) in PEERS.items():
+        if key not in available:
+            print(f"# {module}: not installed on this machine, its columns skipped", file=sys.stderr)
     for name, dtype, b, n, k, causal, pattern in case_list:
         x = make_input(pattern, b, n, dtype, gen)
         end = None
@@ -365,9 +364,9 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
             for column, t in peer_times.items():
                 row[column] = t
                 row[column.removesuffix("_us") + "_check"] = peer_verdicts[column]
-            for column in ("flashinfer_us", "deepselect_us"):
-                if row.get(column) is not None:
-                    row["speedup_" + column.removesuffix("_us")] = round(row[column] / t_ours, 2)
+            for key in PEERS:
+                if row.get(key + "_us") is not None:
+                    row["speedup_" + key] = round(row[key + "_us"] / t_ours, 2)
             rows.append(row)
             print(f"{name:16s} {row['dtype']:8s} B={b:<5d} N={n:<8d} k={k:<5d} values={int(return_values)} "
                   f"attnkit {t_ours:9.2f} us {row['attnkit_TBps']:6.3f} TB/s | torch {t_torch:9.2f} us "
@@ -456,8 +455,8 @@ def main() -> int:
             f.write(markdown(rows, header))
     geo = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
     print(f"# geometric-mean speed-up over torch.topk: {geo:.2f}x over {len(rows)} cases")
-    for peer, call in (("flashinfer", "flashinfer.top_k"), ("deepselect", "deep_select.topk")):
-        ratios = [r["speedup_" + peer] for r in rows if "speedup_" + peer in r]
+    for key, (_, call) in PEERS.items():
+        ratios = [r["speedup_" + key] for r in rows if "speedup_" + key in r]
         if ratios:
             geo_peer = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
             print(f"# geometric-mean speed-up over {call} (any ties): {geo_peer:.2f}x over "

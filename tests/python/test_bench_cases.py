@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -108,3 +109,10 @@ def test_a_peer_refusal_is_reported_not_raised():
     t, verdict = bench_topk.time_peer(refuses, lambda out: out, torch.zeros(1, 4), 2, None,
                                       False, timer=None)
     assert t is None and verdict == "RuntimeError: topk must be <= 4096"
+
+
+def test_peers_are_the_importable_modules_by_key(monkeypatch):
+    fake = type(sys)("deep_select")
+    monkeypatch.setitem(sys.modules, "deep_select", fake)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # None in sys.modules: ImportError
+    assert bench_topk.peers() == {"deepselect": fake}
