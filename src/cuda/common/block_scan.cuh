@@ -50,6 +50,32 @@ __device__ __forceinline__ void block_min_max(std::uint32_t& lo, std::uint32_t& 
   for (int w = 0; w < kWarps; ++w) lo = min(lo, warp_totals[w]), hi = max(hi, warp_totals[16 + w]);
 }
 
+/// From the warps' totals `totals[0 .. kWarps)` (shared memory, published before the caller's
+/// barrier): in every thread, the sum of the totals of the warps before its own (`before`) and
+/// of all of them (`total`). From sm_80 on, one shared read by the first kWarps lanes and two
+/// `redux.sync` a warp, where every thread reading and adding up every total took 3 kWarps
+/// instructions a thread. All 32 lanes of every warp must call it.
+template <int kWarps>
+__device__ __forceinline__ void warp_totals_before(const std::uint32_t* totals,
+                                                   std::uint32_t& before, std::uint32_t& total) {
+  static_assert(kWarps >= 1 && kWarps <= kWarpSize, "one total a lane");
+  const int warp = threadIdx.x / kWarpSize;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int lane = threadIdx.x % kWarpSize;
+  const std::uint32_t t = lane < kWarps ? totals[lane] : 0u;
+  total = __reduce_add_sync(0xFFFFFFFFu, t);
+  before = __reduce_add_sync(0xFFFFFFFFu, lane < warp ? t : 0u);
+#else
+  before = 0, total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const std::uint32_t t = totals[w];  // broadcast reads: no bank conflict
+    before += w < warp ? t : 0u;
+    total += t;
+  }
+#endif
+}
+
 /// Exclusive prefix sum of `v` over the block in thread order, and the block total.
 /// \param warp_totals shared scratch of kThreads / 32 words, reusable once this returns.
 /// Contains two __syncthreads(); every thread of the block must call it.
@@ -63,13 +89,8 @@ __device__ __forceinline__ std::uint32_t block_exclusive_sum(std::uint32_t v,
   const std::uint32_t inclusive = warp_inclusive_sum(v);
   if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
   __syncthreads();
-  std::uint32_t before = 0, sum = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const std::uint32_t t = warp_totals[w];  // broadcast reads: no bank conflict
-    before += w < warp ? t : 0u;
-    sum += t;
-  }
+  std::uint32_t before, sum;
+  warp_totals_before<kWarps>(warp_totals, before, sum);
   __syncthreads();
   total = sum;
   return before + inclusive - v;

@@ -266,7 +266,6 @@ __device__ __noinline__ void append_list(Candidates to, Candidates from) {
 template <class Traits, int kThreads, bool kRolledPasses>
 struct FilterEngine {
   static constexpr int kWarps = kThreads / kWarpSize;
-  static_assert(kWarps % 4 == 0, "append reads the warps' totals four at a time");
   static constexpr int kMaxWords = 2;  // packed append counts: two 16-bit groups a word
 
   // The lists live in dynamic shared memory: survivor lists 0 and 1 (key [slots], col [slots]
@@ -415,8 +414,10 @@ struct FilterEngine {
   /// which is column order. Every thread calls it once per round.
   ///
   /// Warps publish their packed totals before the round's one barrier; a round without a
-  /// winner anywhere in the block ends there. Otherwise every thread adds up the totals (the
-  /// running count stays uniform in registers) and only threads with winners write.
+  /// winner anywhere in the block ends there. Otherwise every thread learns the totals of the
+  /// warps before its own and of all (warp_totals_before; the running count stays uniform in
+  /// registers), and only the warps with winners count and write theirs: in most rounds of a
+  /// long row the block finds a newcomer and most of its warps none.
   template <int kU, int kV, class KeyFn, class ColFn>
   __device__ __forceinline__ void append(const std::uint32_t (&mask)[kU], KeyFn key_of,
                                          ColFn col_of) {
@@ -425,15 +426,17 @@ struct FilterEngine {
     constexpr int kWords = (kU + 1) / 2;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     // Per-thread hit counts, two groups a word (group 2w in the low half, 2w+1 in the high).
-    std::uint32_t hits[kWords] = {};
     std::uint32_t any = 0;
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      hits[u / 2] |= static_cast<std::uint32_t>(__popc(mask[u])) << (16 * (u % 2));
-      any |= mask[u];
-    }
+    for (int u = 0; u < kU; ++u) any |= mask[u];
+    const bool warp_any = __any_sync(0xFFFFFFFFu, any != 0);
+    std::uint32_t hits[kWords] = {};
     std::uint32_t inclusive[kWords] = {};
-    if (__any_sync(0xFFFFFFFFu, any != 0)) {
+    if (warp_any) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        hits[u / 2] |= static_cast<std::uint32_t>(__popc(mask[u])) << (16 * (u % 2));
+      }
 #pragma unroll
       for (int w = 0; w < kWords; ++w) inclusive[w] = warp_inclusive_sum(hits[w]);
     }
@@ -450,34 +453,26 @@ struct FilterEngine {
     std::uint32_t base = newcomers_n;
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
-      std::uint32_t before = 0, total = 0;
-      // Broadcast reads of four warps' totals at a time (warp_hits is 16-byte aligned).
-      const uint4* quads = reinterpret_cast<const uint4*>(slot + w * 32);
+      std::uint32_t before, total;
+      warp_totals_before<kWarps>(slot + w * 32, before, total);
+      if (warp_any) {
+        const std::uint32_t exclusive = before + inclusive[w] - hits[w];
 #pragma unroll
-      for (int q = 0; q < kWarps / 4; ++q) {
-        const uint4 t4 = quads[q];
-        const std::uint32_t t[4] = {t4.x, t4.y, t4.z, t4.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          before += 4 * q + i < warp ? t[i] : 0u;
-          total += t[i];
+        for (int h = 0; h < 2 && 2 * w + h < kU; ++h) {
+          const int u = 2 * w + h;
+          std::uint32_t m = mask[u];
+          std::uint32_t pos = base + ((exclusive >> (16 * h)) & 0xFFFFu);
+          if (h == 1) pos += total & 0xFFFFu;  // after all of group 2w
+          while (m != 0) {
+            const int j = __ffs(m) - 1;
+            m &= m - 1;
+            nc.key[pos] = key_of(u, j);
+            nc.col[pos] = col_of(u, j);
+            ++pos;
+          }
         }
       }
-      const std::uint32_t exclusive = before + inclusive[w] - hits[w];
-#pragma unroll
-      for (int h = 0; h < 2 && 2 * w + h < kU; ++h) {
-        const int u = 2 * w + h;
-        std::uint32_t m = mask[u];
-        std::uint32_t pos = base + ((exclusive >> (16 * h)) & 0xFFFFu);
-        while (m != 0) {
-          const int j = __ffs(m) - 1;
-          m &= m - 1;
-          nc.key[pos] = key_of(u, j);
-          nc.col[pos] = col_of(u, j);
-          ++pos;
-        }
-        base += (total >> (16 * h)) & 0xFFFFu;
-      }
+      base += (total & 0xFFFFu) + (2 * w + 1 < kU ? total >> 16 : 0u);
     }
     newcomers_n = base;
     make_room();

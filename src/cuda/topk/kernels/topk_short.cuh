@@ -298,7 +298,10 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
     const int width = kWidth[pass];
     const int above_shift = shift;  // bits fixed by earlier passes are those >= above_shift
     shift -= width;
-    for (int i = tid; i < kShortBins; i += kThreads) s.hist[i] = 0;
+    // Only the bins this pass counts and searches, 16 bytes a store.
+    for (int i = tid; i < (1 << width) / 4; i += kThreads) {
+      reinterpret_cast<uint4*>(s.hist)[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
     __syncthreads();
     if (pass == 0) {
       if (valid > 0) {
