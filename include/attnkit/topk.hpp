@@ -130,7 +130,9 @@ struct TopkOptions {
   NanPolicy nan = NanPolicy::kLargest;
   TiePolicy ties = TiePolicy::kLowestIndex;
   std::int64_t index_fill = -1;       ///< index written to padding slots
-  std::optional<double> value_fill;   ///< value written to padding slots; default -inf/+inf
+  std::optional<double> value_fill;   ///< value written to padding slots (rounded once to x's
+                                      ///< dtype, to nearest even, whatever the thread's
+                                      ///< flush-to-zero mode); default -inf/+inf
   CheckMode check = CheckMode::kDefault;
   TopkBackend backend = TopkBackend::kAuto;
 };

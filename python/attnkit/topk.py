@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import struct
+from fractions import Fraction
 from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
@@ -54,11 +56,34 @@ def _integer(name: str, value: Any, rule: str) -> int:
 
 
 def _real(name: str, value: Any) -> float:
+    """`value` as a float64 that rounds to every narrower format as `value` itself would.
+
+    A value that float64 holds exactly is returned as is. Any other (an int beyond 2**53, a
+    Fraction, a longdouble) is rounded to odd: toward zero, with the lowest mantissa bit set.
+    float64 keeps more than two bits beyond every dtype the op takes, so the one rounding to
+    nearest even that follows (to x's dtype) gives the correctly rounded value, where rounding
+    to nearest twice could miss it.
+    """
     try:
-        return float(value)
+        f = float(value)
     except OverflowError:
         shown = repr(value) if len(repr(value)) <= 32 else repr(value)[:29] + "..."
         raise ValueError(f"topk: {name} = {shown} is outside the float64 range") from None
+    if type(value) is float or not math.isfinite(f):
+        return f
+    if isinstance(value, int) and -2**53 <= value <= 2**53:
+        return f
+    ratio = getattr(value, "as_integer_ratio", None)
+    if ratio is None:
+        return f
+    exact = Fraction(*ratio())
+    got = Fraction(f)
+    if got == exact:
+        return f
+    toward_zero = f if abs(got) < abs(exact) else math.nextafter(f, 0.0)
+    (bits,) = struct.unpack("<q", struct.pack("<d", toward_zero))
+    (odd,) = struct.unpack("<d", struct.pack("<q", bits | 1))
+    return odd
 
 
 def _choice(name: str, value: Any, table: dict) -> int:

@@ -64,21 +64,55 @@ ATTNKIT_HD std::uint16_t float_to_f16_bits(float f) {
   return static_cast<std::uint16_t>(sign | (r >> 13));
 }
 
-/// double -> float rounded to odd: toward zero, then the lowest mantissa bit set when the
-/// conversion was inexact. Rounding that float to a narrower format (half, bfloat16) to
-/// nearest-even then gives the correctly rounded result of the double, which a plain
-/// double -> float -> narrow chain misses when both steps round (double rounding).
-inline float double_to_float_round_odd(double d) {
-  float f = static_cast<float>(d);
-  if (d != d || static_cast<double>(f) == d) return f;  // NaN, or exact
-  if (f != f || (f > 3.4e38f || f < -3.4e38f) || std::fabs(static_cast<double>(f)) > std::fabs(d)) {
-    // Rounded away from zero (or overflowed to inf): step back toward zero.
-    f = std::nextafter(f, 0.0f);
+/// double -> float bits, by integer arithmetic so that the calling thread's floating-point
+/// mode (flush-to-zero, denormals-are-zero, as `torch.set_flush_denormal(True)` sets) cannot
+/// flush a subnormal result. Rounded to nearest even, or with `to_odd` to odd: toward zero,
+/// then the lowest mantissa bit set when the conversion was inexact. Rounding a float rounded
+/// to odd on to a narrower format (half, bfloat16) to nearest even gives the correctly rounded
+/// result of the double, which a plain double -> float -> narrow chain misses when both steps
+/// round (double rounding). NaN stays a NaN (quiet, its top payload bits kept).
+inline std::uint32_t double_to_float_bits(double d, bool to_odd) {
+  std::uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  const auto sign = static_cast<std::uint32_t>(u >> 32) & 0x80000000u;
+  const std::uint64_t abs = u & 0x7FFFFFFFFFFFFFFFull;
+  if (abs > 0x7FF0000000000000ull) {
+    return sign | 0x7FC00000u | static_cast<std::uint32_t>((abs >> 29) & 0x3FFFFFu);
   }
-  std::uint32_t u = float_to_bits(f);
-  u |= 1u;  // inexact: the sticky bit
-  return bits_to_float(u);
+  if (abs == 0x7FF0000000000000ull) return sign | 0x7F800000u;
+  // abs = mant * 2^(exp - 1075) with a 53-bit mant (the implicit bit set) for normal doubles.
+  int exp = static_cast<int>(abs >> 52);
+  std::uint64_t mant = abs & 0xFFFFFFFFFFFFFull;
+  if (exp != 0) {
+    mant |= 1ull << 52;
+  } else {
+    exp = 1;
+  }
+  const int float_exp = exp - 896;  // the float's biased exponent, if normal
+  if (float_exp > 254) return sign | (to_odd ? 0x7F7FFFFFu : 0x7F800000u);
+  // Bits dropped: 29 to a normal float's 24-bit significand, more for a subnormal one.
+  const int shift = 29 + (float_exp < 1 ? 1 - float_exp : 0);
+  std::uint64_t kept = 0, rest = mant;
+  bool above_half = false, half = false;
+  if (shift < 64) {
+    kept = mant >> shift;
+    rest = mant & ((1ull << shift) - 1);
+    const std::uint64_t h = 1ull << (shift - 1);
+    above_half = rest > h;
+    half = rest == h;
+  }
+  // A normal float's kept bits include the implicit one, which the exponent field absorbs.
+  auto bits = static_cast<std::uint32_t>(
+      (static_cast<std::uint64_t>(float_exp < 1 ? 0 : float_exp - 1) << 23) + kept);
+  if (to_odd) {
+    if (rest != 0) bits |= 1u;
+  } else if (above_half || (half && (bits & 1u))) {
+    ++bits;  // a carry into the exponent is right, up to +inf
+  }
+  return sign | bits;
 }
+
+inline float double_to_float_round_odd(double d) { return bits_to_float(double_to_float_bits(d, true)); }
 
 inline std::uint16_t double_to_bf16_bits(double d) {
   return float_to_bf16_bits(double_to_float_round_odd(d));

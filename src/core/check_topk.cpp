@@ -55,7 +55,7 @@ void check_output(const char* arg, const TensorView& t, const TensorView& x, std
 /// value_fill in x's format, rounded once to nearest-even from the double given.
 std::uint32_t fill_bits(DType dtype, double v) {
   switch (dtype) {
-    case DType::kFloat32: return float_to_bits(static_cast<float>(v));
+    case DType::kFloat32: return double_to_float_bits(v, false);
     case DType::kBFloat16: return double_to_bf16_bits(v);
     case DType::kFloat16: return double_to_f16_bits(v);
     default: return 0;

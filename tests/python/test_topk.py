@@ -7,6 +7,7 @@ generated from its id (dtype, distribution, sizes, options, seed)."""
 from __future__ import annotations
 
 import itertools
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -443,6 +444,24 @@ def test_fills(value_fill, dtype, largest):
                        context=describe(value_fill=value_fill, dtype=dtype, largest=largest,
                                         index_fill=index_fill, indices_dtype=indices_dtype))
     check_topk(x, 12, end=end, index_fill=2**40, indices_dtype="int64")
+
+
+def test_value_fill_rounds_once_from_the_exact_value():
+    # float32's ulp at 2**60 is 2**37. 2**60 + 2**36 + 1 lies above the midpoint 2**60 + 2**36,
+    # so it rounds up; rounded to float64 first it would become the midpoint and then go to
+    # even, 2**60.
+    n = 2**60 + 2**36 + 1
+    for sign in (1, -1):
+        v = attnkit.topk(np.zeros(1, np.float32), 2, value_fill=sign * n).values
+        assert v[1] == np.float32(sign * (2**60 + 2**37))
+    # bfloat16 keeps 7 fraction bits: 1 + 2**-8 is halfway between 1.0 (0x3F80) and 1 + 2**-7
+    # (0x3F81); a hair either side decides, in an exact Fraction as in a float64.
+    x = np.zeros(1, ml_dtypes.bfloat16)
+    half = Fraction(1) + Fraction(1, 2**8)
+    for fill, want in ((half + Fraction(1, 2**100), 0x3F81), (half - Fraction(1, 2**100), 0x3F80),
+                       (half, 0x3F80), (1 + 2**-8 + 2**-30, 0x3F81)):
+        v = attnkit.topk(x, 2, value_fill=fill).values
+        assert v.view(np.uint16)[1] == want, (fill, hex(int(v.view(np.uint16)[1])))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
