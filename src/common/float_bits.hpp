@@ -112,7 +112,9 @@ inline std::uint32_t double_to_float_bits(double d, bool to_odd) {
   return sign | bits;
 }
 
-inline float double_to_float_round_odd(double d) { return bits_to_float(double_to_float_bits(d, true)); }
+inline float double_to_float_round_odd(double d) {
+  return bits_to_float(double_to_float_bits(d, true));
+}
 
 inline std::uint16_t double_to_bf16_bits(double d) {
   return float_to_bf16_bits(double_to_float_round_odd(d));

@@ -43,16 +43,19 @@ std::vector<double> sample_doubles() {
     const std::uint64_t exp = 1023 - 160 + rng() % 300;  // 2^-160 .. 2^139
     const std::uint64_t sign = (rng() & 1) << 63;
     std::uint64_t mant = rng() & 0xFFFFFFFFFFFFFull;
+    // The low 29 bits are what a normal float drops: its half ulp, and one double ulp either side.
+    const std::uint64_t high = mant & ~0x1FFFFFFFull;
     switch (i % 4) {
-      case 1: mant = (mant & ~0x1FFFFFFFull) | 0x10000000ull; break;      // a normal float's half ulp
-      case 2: mant = (mant & ~0x1FFFFFFFull) | (0x10000000ull + 1); break;  // just above it
-      case 3: mant = (mant & ~0x1FFFFFFFull) | 0x0FFFFFFFull; break;      // just below it
+      case 1: mant = high | 0x10000000ull; break;
+      case 2: mant = high | 0x10000001ull; break;
+      case 3: mant = high | 0x0FFFFFFFull; break;
       default: break;
     }
     out.push_back(from_bits(sign | exp << 52 | mant));
   }
+  const double inf = INFINITY;
   for (double d : {0.0, -0.0, 1e-40, -1e-40, 1e-45, 7e-46, 1.4e-45, 3.4028234663852886e38,
-                   3.4028235677973366e38, 3.5e38, 1e300, -1e300, 4.9e-324, double{INFINITY}, -double{INFINITY}}) {
+                   3.4028235677973366e38, 3.5e38, 1e300, -1e300, 4.9e-324, inf, -inf}) {
     out.push_back(d);
   }
   return out;

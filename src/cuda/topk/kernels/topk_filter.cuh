@@ -425,11 +425,11 @@ struct FilterEngine {
     static_assert(kV <= 16 && kThreads * kV < 65536, "16-bit packed counts");
     constexpr int kWords = (kU + 1) / 2;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-    // Per-thread hit counts, two groups a word (group 2w in the low half, 2w+1 in the high).
     std::uint32_t any = 0;
 #pragma unroll
     for (int u = 0; u < kU; ++u) any |= mask[u];
     const bool warp_any = __any_sync(0xFFFFFFFFu, any != 0);
+    // Per-thread hit counts, two groups a word (group 2w in the low half, 2w+1 in the high).
     std::uint32_t hits[kWords] = {};
     std::uint32_t inclusive[kWords] = {};
     if (warp_any) {
