@@ -191,6 +191,9 @@ def _dlpack_source(producer: Any, name: str) -> _DLPackSource:
     from . import _ext
 
     shape, code = _ext.dlpack_shape_dtype(producer, name)
+    if any(n < 0 for n in shape):  # before anything sizes an output by it
+        raise ValueError(f"topk: {name} (a {type(producer).__name__}) exports shape "
+                         f"{list(shape)} through DLPack; dimensions must be >= 0")
     # A subclass named as the producer's type, so that messages about it name that type.
     cls = type(type(producer).__name__, (_DLPackSource,), {})
     return cls(producer, tuple(shape), _NUMPY_DTYPES[DTYPE_NAMES[code]])

@@ -215,7 +215,8 @@ def topk(
         their own, k outside [0, 2^31 - 1], out-of-range ``begin``/``end``/``index_offset``
         (when checked), overlapping or mis-shaped output buffers, a NaN with
         ``nan="raise"``, unknown options, ``out_values`` given with ``return_values=False``,
-        ``backend="reference"`` with an ``x`` that requires grad.
+        ``backend="reference"`` with an ``x`` that requires grad or inside torch.compile,
+        tracing, a dispatch mode or vmap.
     TypeError
         Unsupported dtypes (NumPy ones not in the machine's byte order among them); non-integer
         ``k``/``index_fill``, non-bool ``largest``/``return_values``, a non-real
@@ -332,7 +333,13 @@ def topk(
         if needs_grad and backend != "auto":
             raise ValueError(f"topk: backend = {backend!r} runs without autograd; detach x or "
                              "use torch.no_grad()")
-        if needs_grad or _recorded(torch):
+        recorded = _recorded(torch)
+        if recorded and backend != "auto":
+            # The registered op has one backend: the tensors' device picks it.
+            raise ValueError(f"topk: backend = {backend!r} is for eager calls; under "
+                             "torch.compile, tracing, a dispatch mode or vmap use "
+                             "backend='auto'")
+        if needs_grad or recorded:
             from . import torch as _torch_ops
 
             _refuse_func_differentiation(torch)

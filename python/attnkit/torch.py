@@ -69,13 +69,14 @@ def _topk_impl(x, k, largest=True, sorted="none", begin=None, end=None, indices_
 def _refuse_meta_arguments(x, **tensors):
     """The dispatcher sends a call to the fake kernel when any tensor is on the meta device.
     With a real x that is a mistake (no data to read or write): refused as the eager path
-    refuses it, rather than answered with uninitialised outputs."""
-    if x.device.type == "meta":
-        return
+    refuses it, rather than answered with uninitialised outputs. A meta x (shape propagation)
+    takes meta tensors only, as a real x takes tensors on its own device."""
+    x_meta = x.device.type == "meta"
     for name, t in tensors.items():
-        if t is not None and t.device.type == "meta":
-            raise ValueError(f"topk: {name} is on device meta while x is on {x.device}; attnkit "
-                             "runs on cpu and cuda tensors")
+        if t is not None and (t.device.type == "meta") != x_meta:
+            raise ValueError(f"topk: {name} is on device {t.device} while x is on {x.device}; "
+                             + ("a meta x takes meta tensors only" if x_meta
+                                else "attnkit runs on cpu and cuda tensors"))
 
 
 def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
@@ -87,7 +88,8 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
     (``t.item()``): a check on it becomes a runtime assert instead of a guard. With concrete
     sizes the op's own checks run on the tensors' metadata (no data is read): the inputs', and
     with ``out_indices`` the buffers' (shapes, dtypes, overlaps); symbolic sizes are left to
-    the call, so that no check adds a guard."""
+    the call, so that no check adds a guard; whether the two buffers share a tensor is
+    decided either way."""
     if x.dim() not in (1, 2):
         raise ValueError(f"topk: x has shape {list(x.shape)}; expected [B, N] or [N]")
     dtype = str(x.dtype).removeprefix("torch.")
@@ -102,53 +104,59 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
         raise TypeError(f"topk: indices_dtype = {indices_dtype}; expected int32 or int64")
     tensors = {"x": x, "out_indices": out_indices, "out_values": out_values, "begin": begin,
                "end": end, "index_offset": index_offset}
+    storages = {name: _storage_of(t, name) for name, t in tensors.items() if t is not None}
     sizes = [n for t in tensors.values() if t is not None
              for n in (*t.shape, *t.stride(), t.storage_offset())]
-    if x.device.type == "meta" or not all(type(n) is int for n in (k, *sizes)):
-        return
-    views, storages = _metadata_views(tensors)
-    options = (k, bool(largest), order, nan_code, ties_code, index_fill, value_fill,
-               _CHECKS[False], 0)
-    if out_indices is None:
-        _ext.topk_check_inputs(views["x"], views["begin"], views["end"], views["index_offset"],
-                               *options)
-        return
-    _ext.topk_workspace_size(*views.values(), *options)
+    if all(type(n) is int for n in (k, *sizes)):
+        views = _metadata_views(tensors, storages)
+        options = (k, bool(largest), order, nan_code, ties_code, index_fill, value_fill,
+                   _CHECKS[False], 0)
+        if out_indices is None:
+            _ext.topk_check_inputs(views["x"], views["begin"], views["end"],
+                                   views["index_offset"], *options)
+        else:
+            _ext.topk_workspace_size(*views.values(), *options)
     if out_values is not None and storages["out_values"] == storages["out_indices"]:
         # Views of one tensor in two dtypes, both written by the op: torch.compile (AOT
         # autograd) keeps only one of the two writes when the views are made inside the
-        # compiled code, so the values would be lost without an error.
+        # compiled code, so the values would be lost without an error. Symbolic sizes
+        # (dynamic shapes) skip the checks above, not this one.
         raise ValueError("topk: out_values and out_indices are views of one tensor; under "
                          "torch.compile and shape propagation they must be separate tensors "
                          "(torch keeps only one of two writes into views of one tensor in two "
                          "dtypes)")
 
 
-def _metadata_views(tensors: dict) -> tuple[dict, dict]:
-    """Raw views of fake tensors' metadata for the op's checks, which read no data, and each
-    tensor's storage. Each storage gets a placeholder address range of its own, 2^56 bytes
-    apart (six storages stay below the checks' 2^62-byte bound), and a view its storage offset
-    within it, so that the overlap checks see which tensors share memory (under
-    torch.compile, the first shape propagation still sees the caller's aliasing)."""
+def _storage_of(t: torch.Tensor, name: str):
+    """A key that two views of one storage share; a tensor with no storage to ask (some
+    subclasses, functional tensors) gets a key of its own."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return ("view", name)
+
+
+def _metadata_views(tensors: dict, storages: dict) -> dict:
+    """Raw views of fake tensors' metadata for the op's checks, which read no data. Each
+    storage gets a placeholder address range of its own, 2^56 bytes apart (six storages stay
+    below the checks' 2^62-byte bound), and a view its storage offset within it, so that the
+    overlap checks see which tensors share memory (under torch.compile, the first shape
+    propagation still sees the caller's aliasing). Meta tensors, all on one device by then,
+    are checked as CPU tensors: the rules are the same and need no CUDA build."""
     bases: dict = {}
-    views, storages = {}, {}
+    views = {}
     for name, t in tensors.items():
         if t is None:
-            views[name] = storages[name] = None
+            views[name] = None
             continue
         dtype = _arrays._torch_dtype_name(t.dtype)
         if dtype is None:
             raise _arrays.no_such_dtype(name, t.dtype)
-        try:
-            storage = t.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError):  # no storage to ask: a range of its own
-            storage = ("view", name)
-        storages[name] = storage
-        base = bases.setdefault(storage, (len(bases) + 1) << 56)
-        device = (0, 0) if t.device.type == "cpu" else (1, t.device.index or 0)
+        base = bases.setdefault(storages[name], (len(bases) + 1) << 56)
+        device = (1, t.device.index or 0) if t.device.type == "cuda" else (0, 0)
         views[name] = (base + t.storage_offset() * t.element_size(), tuple(t.shape),
                        tuple(t.stride()), _arrays.DTYPE_CODES[dtype], *device)
-    return views, storages
+    return views
 
 
 def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,

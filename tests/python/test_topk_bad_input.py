@@ -544,6 +544,9 @@ def test_bare_dlpack_producers_are_checked_as_other_inputs():
         attnkit.topk(_HandMadeCapsule(buf, (2, 8), (2**62, 1)), 2)
     with pytest.raises(ValueError, match="topk: x has 16 elements but a null data pointer"):
         attnkit.topk(_HandMadeCapsule(buf, (2, 8), (8, 1), null=True), 2)
+    with pytest.raises(ValueError, match=r"topk: x \(a _HandMadeCapsule\) exports shape "
+                                         r"\[-1, 8\] through DLPack; dimensions must be >= 0"):
+        attnkit.topk(_HandMadeCapsule(buf, (-1, 8), (8, 1)), 2)
 
 
 class _Relay:

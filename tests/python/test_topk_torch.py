@@ -320,6 +320,27 @@ def test_traced_and_transformed_calls_record_the_op():
     assert torch.equal(batched, want.values)
 
 
+@pytest.mark.parametrize("route", ["compile", "make_fx", "vmap"])
+def test_reference_backend_is_refused_where_the_op_is_recorded(route):
+    # The registered op picks its backend by device; a recorded call asking for another one
+    # is refused rather than run on a backend it did not ask for.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(r):
+        return attnkit.topk(r, 3, backend="reference").indices
+
+    x = torch.randn(3, 50)
+    with pytest.raises(Exception, match="backend = 'reference' is for eager calls"):
+        if route == "compile":
+            torch.compile(f, fullgraph=True, backend="eager")(x)
+        elif route == "make_fx":
+            make_fx(f)(x)
+        else:
+            torch.func.vmap(f)(x)
+    # Eager, the same call runs on the reference backend.
+    assert torch.equal(f(x), attnkit.topk(x, 3).indices)
+
+
 def test_func_grad_is_refused_by_name():
     x = torch.randn(2, 20)
     with pytest.raises(NotImplementedError, match="topk: torch.func"):
@@ -503,6 +524,29 @@ def test_meta_row_tensors_with_a_real_x_are_refused(route):
     assert torch.ops.attnkit.topk(torch.empty(3, 10, device="meta"), 2)[1].shape == (3, 2)
 
 
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"end": _meta(4, dtype=torch.int64)}, "end has shape [4]; expected [B] = [3]"),
+    ({"begin": _meta(3)}, "begin.dtype = float32"),
+    ({"index_offset": _meta(3, 1, dtype=torch.int64)}, "index_offset has shape [3, 1]"),
+    ({"end": torch.tensor([1, 2, 3])}, "end is on device cpu while x is on meta"),
+])
+def test_meta_x_row_tensors_are_checked_as_the_op_checks_them(kwargs, fragment):
+    # Shape propagation on meta tensors refuses what the op would refuse on real ones.
+    with pytest.raises(ValueError if "dtype" not in fragment else TypeError,
+                       match=re.escape(fragment)):
+        torch.ops.attnkit.topk(_meta(3, 10), 2, **kwargs)
+    with pytest.raises(ValueError, match=re.escape("out_indices has shape [3, 3]")):
+        torch.ops.attnkit.topk_out(_meta(3, 10), 2, True, "none", None, None, None, -1, None,
+                                   "largest", "lowest_index", None, None,
+                                   _meta(3, 3, dtype=torch.int64))
+    good = {name: _meta(3, dtype=torch.int32) for name in kwargs}
+    assert torch.ops.attnkit.topk(_meta(3, 10), 2, **good)[1].shape == (3, 2)
+
+
 @pytest.mark.parametrize("x, k, error, fragment", [
     (torch.empty(4, 10, device="meta"), -3, ValueError, "topk: k = -3 must be >= 0"),
     (torch.empty(4, 10, device="meta"), 2**31, ValueError, "must be <= 2^31 - 1"),
@@ -575,7 +619,8 @@ def test_fake_kernel_checks_caller_buffers_as_the_op(layout):
     assert str(traced.value).split(" (")[0] == str(eager.value).split(" (")[0]
 
 
-def test_traced_caller_buffers_must_be_separate_tensors():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_traced_caller_buffers_must_be_separate_tensors(dynamic):
     # Disjoint views of one tensor in two dtypes: eager writes both; torch.compile keeps only
     # one of two such writes, so shape propagation refuses the pair rather than lose values.
     x = torch.randn(3, 16)
@@ -592,7 +637,8 @@ def test_traced_caller_buffers_must_be_separate_tensors():
 
     s.zero_()
     with pytest.raises(Exception, match="out_values and out_indices are views of one tensor"):
-        torch.compile(f, backend="aot_eager", fullgraph=True)(x, s)
+        # Symbolic sizes (dynamic shapes) skip the metadata checks, not this one.
+        torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=dynamic)(x, s)
     assert (s == 0).all()
 
 
