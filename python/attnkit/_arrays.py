@@ -199,6 +199,25 @@ def _dlpack_source(producer: Any, name: str) -> _DLPackSource:
     return cls(producer, tuple(shape), _NUMPY_DTYPES[DTYPE_NAMES[code]])
 
 
+def dlpack_shape(a: Any, name: str) -> tuple:
+    """The shape of DLPack producer `a` as the call reads it: its export's, which a ``shape``
+    attribute that says otherwise does not override (the outputs are sized by it)."""
+    if isinstance(a, _DLPackSource):
+        return a.shape
+    from . import _ext
+
+    exported = tuple(_ext.dlpack_shape_dtype(a, name)[0])
+    declared = getattr(a, "shape", exported)
+    try:
+        same = tuple(int(n) for n in declared) == exported
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise ValueError(f"topk: {name} (a {type(a).__name__}) has shape {declared!r} but exports "
+                         f"shape {list(exported)} through DLPack; the two must agree")
+    return exported
+
+
 def resolved(a: Any, name: str) -> Any:
     """An input array as attnkit reads it: `a` itself, or
     - for a torch view with its negative or conjugate bit set (whose memory holds the values

@@ -366,8 +366,9 @@ def topk(
         index_offset = resolved(index_offset, "index_offset")
     raw_view = _arrays.raw_view
     x_view = raw_view(x, "x")
-    # The shape of x's memory as the view reads it (a subclass's shape attribute may differ).
-    shape = tuple(x_view[1] if type(x_view) is tuple else getattr(x, "shape", ()))
+    # The shape of x's memory as the view reads it (a subclass's or a DLPack producer's shape
+    # attribute may differ).
+    shape = tuple(x_view[1]) if type(x_view) is tuple else _arrays.dlpack_shape(x, "x")
     # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
     # name before any large allocation.
     columns = k if 0 <= k <= _MAX_EXTENT else 0

@@ -579,6 +579,21 @@ def test_dlpack_export_of_more_dimensions_than_its_shape_says_is_named(arg, ndim
         assert (args["out_indices"] == poisoned((B, K), np.int64)).all()
 
 
+@pytest.mark.parametrize("said", [(B + 1, N), (B, N + 2), (B * N,), "[B, N]"])
+def test_dlpack_x_whose_shape_attribute_disagrees_with_its_export_is_named(said):
+    # The outputs are sized by x's shape: an attribute that is not what the export holds is
+    # refused by x's name, before anything is allocated or written.
+    out = poisoned((B, K), np.int64)
+    with pytest.raises(ValueError, match=r"topk: x \(a _Relay\) has shape .* but exports shape "
+                                         rf"\[{B}, {N}\] through DLPack"):
+        attnkit.topk(_Relay(_x(), shape=said), K)
+    with pytest.raises(ValueError, match=r"topk: x \(a _Relay\) has shape"):
+        attnkit.topk(_Relay(_x(), shape=said), K, out_indices=out)
+    assert (out == poisoned((B, K), np.int64)).all()
+    agreed = attnkit.topk(_Relay(_x(), shape=(B, N)), K, sorted="value")
+    assert_same_result(agreed, topk_reference(_x(), K, sorted="value"), "shape agreed")
+
+
 def test_bare_dlpack_producer_of_bfloat16_is_read():
     # NumPy cannot import bfloat16 through DLPack; the result comes back as NumPy arrays.
     x = torch.from_numpy(_x()).bfloat16()
