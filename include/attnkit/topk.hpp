@@ -61,9 +61,9 @@
 /// `kDeviceFault`: a CUDA runtime call failed; `kInternal`: a broken invariant (please report).
 /// No output is written when an error is raised before the kernel runs. On CUDA,
 /// `nan = kRaise` is detected after the kernel ran (one stream sync) and then leaves the
-/// outputs unspecified. The CPU backend's scratch comes from the heap: running out of host
-/// memory there throws `std::bad_alloc` (Python: MemoryError), and may leave the rows written
-/// so far in place.
+/// outputs unspecified. The CPU backend's scratch comes from the heap, reserved before any row
+/// is written: running out of host memory there throws `std::bad_alloc` (Python: MemoryError;
+/// its `what()` names the buffers, k and the shape) and leaves the outputs as they were.
 ///
 /// \par Per-row values
 /// `begin`, `end` and `index_offset` live on the tensors' device. With checking on (the CPU

@@ -21,6 +21,10 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "attnkit/error.hpp"
@@ -229,10 +233,11 @@ ATTNKIT_VECTOR_CLONES bool has_nan_f16(const std::uint16_t* p, std::int64_t n) {
 // Candidate buffer and its reconstruct
 // ---------------------------------------------------------------------------------------------
 
-/// Candidates in ascending column order, plus the scratch a reconstruct needs. One per thread,
-/// reused across calls, so the steady state allocates nothing; a call that needed more than
-/// kKeptCandidates gives its excess back (trim), so one huge k does not hold memory for the
-/// life of the process.
+/// Candidates in ascending column order, plus the scratch a reconstruct needs. One per task
+/// that runs at once (CallBuffers), reserved before a call writes any row and reused across
+/// calls, so the steady state allocates nothing; a call that needed more than kKeptCandidates
+/// gives its excess back (trim), so one huge k does not hold memory for the life of the
+/// process.
 struct Candidates {
   static constexpr std::size_t kKeptCandidates = std::size_t{1} << 20;  // 16-24 MB a thread
 
@@ -248,6 +253,14 @@ struct Candidates {
       col.resize(n);
     }
     if (hist.size() < (std::size_t{1} << kDigitBits)) hist.resize(std::size_t{1} << kDigitBits);
+  }
+
+  /// Room for `n` candidates through every step of a row (the lists, a reconstruct's bucket
+  /// with its one slot of overrun, the final order) and `samples` sampled scores.
+  void reserve_all(std::size_t n, std::size_t samples) {
+    reserve(n);
+    if (bucket.size() < n + 1) bucket.resize(n + 1);
+    if (sample.size() < samples) sample.resize(samples);
   }
 
   /// Frees every list grown past kKeptCandidates; the next call regrows what it needs.
@@ -431,7 +444,91 @@ void order_candidates(Candidates& c, std::size_t n, TopkOrder order) {
   for (std::size_t i = 0; i < n; ++i) c.col[i] = ~static_cast<std::uint32_t>(c.bucket[i]);
 }
 
-thread_local Candidates t_candidates;
+/// std::bad_alloc naming what a call's working buffers needed (Python: MemoryError).
+class WorkingMemoryError : public std::bad_alloc {
+ public:
+  explicit WorkingMemoryError(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+/// The working buffers of one call: a Candidates for each task that may run at once, all
+/// reserved before the call writes any row, so that running out of memory leaves the outputs
+/// as they were. Owned by the calling thread (t_buffers) and kept between its calls, so that
+/// the steady state allocates nothing; tasks on the pool's threads lease them.
+class CallBuffers {
+ public:
+  /// Makes `slots` buffers of reserve_all(candidates, samples) available to lease. Throws
+  /// WorkingMemoryError, with every buffer trimmed, when host memory runs out.
+  void reserve(const TopkProblem& p, std::size_t slots, std::size_t candidates,
+               std::size_t samples) {
+    try {
+      while (buffers_.size() < slots) buffers_.push_back(std::make_unique<Candidates>());
+      for (std::size_t i = 0; i < slots; ++i) buffers_[i]->reserve_all(candidates, samples);
+      free_.clear();
+      free_.reserve(slots);
+      for (std::size_t i = 0; i < slots; ++i) free_.push_back(buffers_[i].get());
+    } catch (const std::bad_alloc&) {
+      trim();
+      free_.clear();
+      const std::size_t each = candidates * (2 * sizeof(std::uint32_t) + sizeof(std::uint64_t)) +
+                               samples * sizeof(std::uint32_t);
+      throw WorkingMemoryError(
+          "topk: out of host memory for the CPU backend's working buffers: " +
+          std::to_string(slots) + " x " + std::to_string(each) + " bytes (k = " +
+          std::to_string(p.k) + ", N = " + std::to_string(p.row_len) + ", B = " +
+          std::to_string(p.batch) + "); no output was written");
+    }
+  }
+
+  /// A reserved buffer for the calling task, returned to the others when the lease ends.
+  class Lease {
+   public:
+    explicit Lease(CallBuffers& owner) : owner_(owner) {
+      const std::lock_guard<std::mutex> lock(owner_.mutex_);
+      c_ = owner_.free_.back();  // at most `slots` tasks run at once
+      owner_.free_.pop_back();
+    }
+    ~Lease() {
+      const std::lock_guard<std::mutex> lock(owner_.mutex_);
+      owner_.free_.push_back(c_);
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Candidates& operator*() const { return *c_; }
+
+   private:
+    CallBuffers& owner_;
+    Candidates* c_;
+  };
+
+  void trim() {
+    for (auto& b : buffers_) b->trim();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Candidates>> buffers_;
+  std::vector<Candidates*> free_;
+  std::mutex mutex_;
+};
+
+thread_local CallBuffers t_buffers;
+
+/// Candidates a task of scan_segment over at most `len` columns holds at most: the filter's
+/// limit plus a block of headroom (filter_row), or the whole range for select_tiny.
+std::size_t segment_candidates(std::size_t k, std::int64_t len) {
+  const auto n = static_cast<std::size_t>(len);
+  return std::max(std::min(k + slack_for(k), n) + kBlock,
+                  std::min(n, static_cast<std::size_t>(kTinyRange)));
+}
+
+/// Sampled scores sampled_floor takes from at most `len` columns.
+std::size_t segment_samples(std::int64_t len) {
+  return len < kSampleMinRow ? 0
+                             : static_cast<std::size_t>(std::clamp(len / 64, kSampleMin, kSampleMax));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Row drivers
@@ -454,11 +551,18 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     segments = std::clamp<std::int64_t>(p.row_len / kMinSegment, 1, want);
   }
 
+  CallBuffers& buffers = t_buffers;
+  const auto slots = [&](std::int64_t tasks) {
+    return static_cast<std::size_t>(std::min(tasks, threads));
+  };
   if (segments == 1) {
     // Enough rows: a task per group of rows keeps scheduling overhead off short rows.
     const std::int64_t tasks = std::min<std::int64_t>(p.batch, threads * 8);
+    buffers.reserve(p, slots(tasks), segment_candidates(k, p.row_len),
+                    segment_samples(p.row_len));
     pool.parallel_for(tasks, [&](std::int64_t t) {
-      Candidates& c = t_candidates;
+      const CallBuffers::Lease lease(buffers);
+      Candidates& c = *lease;
       const std::int64_t first = p.batch * t / tasks, last = p.batch * (t + 1) / tasks;
       for (std::int64_t b = first; b < last; ++b) {
         const cpu::RowRange r = cpu::row_range(p, b);
@@ -466,8 +570,8 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
         order_candidates(c, n, p.order);
         cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
       }
-      c.trim();
     });
+    buffers.trim();
     return;
   }
 
@@ -479,8 +583,11 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
   std::vector<std::uint32_t> seg_score(static_cast<std::size_t>(tasks) * seg_k);
   std::vector<std::uint32_t> seg_col(static_cast<std::size_t>(tasks) * seg_k);
   std::vector<std::size_t> seg_count(static_cast<std::size_t>(tasks));
+  const std::int64_t seg_len = (p.row_len + segments - 1) / segments;
+  buffers.reserve(p, slots(tasks), segment_candidates(k, seg_len), segment_samples(seg_len));
   pool.parallel_for(tasks, [&](std::int64_t t) {
-    Candidates& c = t_candidates;
+    const CallBuffers::Lease lease(buffers);
+    Candidates& c = *lease;
     const std::int64_t b = t / segments, s = t % segments;
     const cpu::RowRange r = cpu::row_range(p, b);
     const std::int64_t len = r.hi - r.lo;
@@ -489,12 +596,14 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     std::copy_n(c.score.data(), n, seg_score.data() + t * seg_k);
     std::copy_n(c.col.data(), n, seg_col.data() + t * seg_k);
     seg_count[t] = n;
-    c.trim();
   });
   // Phase 2: segments are consecutive column ranges, so their lists concatenate in column
-  // order and one more reconstruct gives the row's exact top-k.
+  // order and one more reconstruct gives the row's exact top-k. Its buffers hold every
+  // segment's list, reserved before the first row is written.
+  buffers.reserve(p, slots(p.batch), static_cast<std::size_t>(segments) * seg_k, 0);
   pool.parallel_for(p.batch, [&](std::int64_t b) {
-    Candidates& c = t_candidates;
+    const CallBuffers::Lease lease(buffers);
+    Candidates& c = *lease;
     std::size_t n = 0;
     for (std::int64_t s = 0; s < segments; ++s) n += seg_count[b * segments + s];
     c.reserve(n);
@@ -511,8 +620,8 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     }
     order_candidates(c, n, p.order);
     cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
-    c.trim();
   });
+  buffers.trim();
 }
 
 template <class Traits>

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+// Running out of host memory in the CPU backend: every allocation a call makes is failed in
+// turn (this binary replaces the global operator new), and each failing call must leave the
+// outputs exactly as they were, while the first call that gets all its memory returns the
+// exact result. A separate binary, so that the replaced allocator touches no other test.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attnkit/attnkit.hpp"
+
+namespace {
+
+std::atomic<bool> g_armed{false};
+std::atomic<long> g_left{0};  // allocations that succeed before one fails, while armed
+
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_armed.load(std::memory_order_relaxed) &&
+      g_left.fetch_sub(1, std::memory_order_relaxed) == 0) {
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+// GCC sees the replacement's own free() as a mismatch with the new it pairs with.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+
+namespace {
+
+using attnkit::DType;
+using attnkit::TensorView;
+
+struct Case {
+  const char* name;
+  std::int64_t batch, row_len, k;
+  attnkit::TopkOrder order;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class TopkOutOfMemory : public ::testing::TestWithParam<Case> {};
+
+// What one call on a fresh thread (whose working buffers start empty) does when the
+// allocation numbered `fail_at` fails: 1 when it threw std::bad_alloc, 0 when it returned.
+int call_failing_at(long fail_at, const attnkit::TopkTensors& t, const attnkit::TopkOptions& o,
+                    std::string& message) {
+  int threw = 0;
+  std::thread([&] {
+    g_left.store(fail_at);
+    g_armed.store(true);
+    try {
+      attnkit::topk(t, o);
+    } catch (const std::bad_alloc& e) {
+      g_armed.store(false);  // before the message is copied
+      threw = 1;
+      message = e.what();
+    }
+    g_armed.store(false);
+  }).join();
+  return threw;
+}
+
+TEST_P(TopkOutOfMemory, NothingIsWrittenWhenAnAllocationFails) {
+  const Case c = GetParam();
+  attnkit::set_num_threads(4);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(static_cast<std::size_t>(c.batch * c.row_len));
+  for (float& v : x) v = normal(rng);
+  const auto out_len = static_cast<std::size_t>(c.batch * c.k);
+  std::vector<float> want_values(out_len), values(out_len);
+  std::vector<std::int64_t> want_indices(out_len), indices(out_len);
+  const attnkit::Device cpu{};
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(x.data(), DType::kFloat32, cpu, {c.batch, c.row_len});
+  t.out_values = TensorView::make(want_values.data(), DType::kFloat32, cpu, {c.batch, c.k});
+  t.out_indices = TensorView::make(want_indices.data(), DType::kInt64, cpu, {c.batch, c.k});
+  attnkit::TopkOptions o;
+  o.k = c.k;
+  o.sorted = c.order;
+  o.backend = attnkit::TopkBackend::kReference;
+  attnkit::topk(t, o);
+  o.backend = attnkit::TopkBackend::kAuto;
+  t.out_values = TensorView::make(values.data(), DType::kFloat32, cpu, {c.batch, c.k});
+  t.out_indices = TensorView::make(indices.data(), DType::kInt64, cpu, {c.batch, c.k});
+
+  int failures = 0, named = 0;
+  long fail_at = 0;
+  for (;; ++fail_at) {
+    ASSERT_LT(fail_at, 100000) << "the call never got all its memory";
+    std::fill(values.begin(), values.end(), -7.0f);
+    std::fill(indices.begin(), indices.end(), -7);
+    std::string message;
+    if (call_failing_at(fail_at, t, o, message) == 0) break;
+    ++failures;
+    named += message.find("k = " + std::to_string(c.k)) != std::string::npos;
+    for (std::size_t i = 0; i < out_len; ++i) {
+      ASSERT_EQ(values[i], -7.0f) << "allocation " << fail_at << " failed, slot " << i;
+      ASSERT_EQ(indices[i], -7) << "allocation " << fail_at << " failed, slot " << i;
+    }
+  }
+  EXPECT_GT(failures, 0) << "the call allocated nothing: the test exercised no failure";
+  EXPECT_GT(named, 0) << "no failure named the working buffers";
+  EXPECT_EQ(values, want_values);
+  EXPECT_EQ(indices, want_indices);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, TopkOutOfMemory,
+    ::testing::Values(
+        // Rows on every thread at once, each with a sampled floor and a filter.
+        Case{"rows", 32, 40000, 100, attnkit::TopkOrder::kValue},
+        // Fewer rows than threads: rows cut into segments, then merged row by row.
+        Case{"segments", 2, 200000, 3000, attnkit::TopkOrder::kIndex},
+        // Short rows whose k exceeds the direct select: reconstructs with a histogram.
+        Case{"short_rows", 64, 3000, 700, attnkit::TopkOrder::kValue}),
+    [](const ::testing::TestParamInfo<Case>& param) { return std::string(param.param.name); });
+
+}  // namespace
