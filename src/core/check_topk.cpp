@@ -163,7 +163,7 @@ TopkProblem check_topk(const TopkTensors& t, const TopkOptions& o) {
     check_output("out_values", v, x, p.batch, o.k);
     if (v.dtype != x.dtype) {
       fail(ErrorCode::kDType, kOp,
-           std::string("out_values.dtype = ") + dtype_name(v.dtype) + "; expected x.dtype = " +
+           "out_values.dtype = " + dtype_label(v.dtype) + "; expected x.dtype = " +
                dtype_name(x.dtype));
     }
     p.values = v.data;

@@ -29,6 +29,12 @@ std::string shape_with_names(std::initializer_list<const char*> names,
   return a + "] = " + b + "]";
 }
 
+std::string dtype_label(DType d) {
+  std::string label = dtype_name(d);
+  if (dtype_size(d) == 0) label += " (" + std::to_string(static_cast<int>(d)) + ")";
+  return label;
+}
+
 void check_dtype(const char* op, const char* arg, const TensorView& t,
                  std::initializer_list<DType> allowed) {
   for (DType d : allowed) {
@@ -42,9 +48,7 @@ void check_dtype(const char* op, const char* arg, const TensorView& t,
     ++i;
   }
   fail(ErrorCode::kDType, op,
-       std::string(arg) + ".dtype = " + dtype_name(t.dtype) +
-           (dtype_size(t.dtype) == 0 ? " (" + std::to_string(static_cast<int>(t.dtype)) + ")" : "") +
-           "; expected " + list);
+       std::string(arg) + ".dtype = " + dtype_label(t.dtype) + "; expected " + list);
 }
 
 void check_device(const char* op, const char* arg, const TensorView& t, Device device) {

@@ -18,6 +18,9 @@ namespace attnkit::detail {
 std::string shape_with_names(std::initializer_list<const char*> names,
                              std::initializer_list<std::int64_t> values);
 
+/// dtype_name(d), with the enumerator's number after it when d is none of attnkit's dtypes.
+std::string dtype_label(DType d);
+
 /// The dtype is one of `allowed`.
 void check_dtype(const char* op, const char* arg, const TensorView& t,
                  std::initializer_list<DType> allowed);

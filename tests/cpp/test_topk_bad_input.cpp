@@ -527,6 +527,13 @@ TEST_F(TopkBadInput, MalformedViews) {
     t.x.dtype = static_cast<DType>(200);
     expect_error(t, options(), ErrorCode::kDType, {"x.dtype = unknown (200)"});
   }
+  {
+    TopkTensors t = valid();
+    ASSERT_TRUE(t.out_values.has_value());
+    t.out_values->dtype = static_cast<DType>(200);
+    expect_error(t, options(), ErrorCode::kDType,
+                 {"out_values.dtype = unknown (200)", "expected x.dtype = float32"});
+  }
   // Row strides whose byte offsets wrap around 2^64 would put row 1 over row 0.
   for (std::int64_t stride : {(std::int64_t{1} << 61) + 1, (std::int64_t{1} << 62) + 1,
                               std::numeric_limits<std::int64_t>::min()}) {
