@@ -155,12 +155,26 @@ TensorView view_of(const Array& a, const char* name) {
 /// Any DLPack producer's tensor (CuPy, JAX, ...), through nanobind: read-only ones are taken as
 /// inputs (JAX exports its arrays so) and refused by name as outputs (`writable`).
 TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, bool writable) {
+  // Python checked that obj's type has __dlpack__: the export itself failed. `why` is the
+  // producer's own error (torch's "requires grad", say) when it raised one; nanobind's import
+  // swallows it, so a failed import asks the producer once more, to name it.
+  auto export_error = [&]() -> std::string {
+    try {
+      obj.attr("__dlpack__")();
+    } catch (const nb::python_error& e) {
+      const std::string why = nb::cast<std::string>(nb::str(e.value()));
+      return why.empty() ? nb::cast<std::string>(nb::str(e.type().attr("__name__"))) : why;
+    }
+    return "";
+  };
   auto not_dlpack = [&] {
-    // Python checked that obj's type has __dlpack__: the export itself failed.
+    const std::string why = export_error();
     return nb::type_error(("topk: " + std::string(name) + " (a " +
                            nb::cast<std::string>(nb::str(obj.type().attr("__name__"))) +
-                           ") could not be read through DLPack: its __dlpack__ raised or gave "
-                           "no DLPack capsule; pass a NumPy array or a torch tensor")
+                           ") could not be read through DLPack: " +
+                           (why.empty() ? "its __dlpack__ raised or gave no DLPack capsule"
+                                        : "its __dlpack__ raised (" + why + ")") +
+                           "; pass a NumPy array or a torch tensor")
                               .c_str());
   };
   // try_cast raises, rather than answering false, when __dlpack__ returns something that is

@@ -634,6 +634,31 @@ def test_dlpack_producer_without_a_capsule_is_named(arg, with_shape):
     assert (out == poisoned((B, K), np.int64)).all()
 
 
+class _ExportRaises(_NoCapsule):
+    """A DLPack producer whose __dlpack__ raises, as torch's does for a tensor that requires
+    grad."""
+
+    def __dlpack__(self, **kwargs):
+        raise RuntimeError("this producer cannot export now")
+
+
+@pytest.mark.parametrize("arg", ["x", "end", "out_indices"])
+@pytest.mark.parametrize("with_shape", [False, True])
+def test_dlpack_producer_whose_export_raises_is_named_with_its_reason(arg, with_shape):
+    bad = _ExportRaises({"x": (B, N), "end": (B,), "out_indices": (B, K)}[arg] if with_shape
+                        else None)
+    args = {"x": _x(), arg: bad}
+    out = poisoned((B, K), np.int64)
+    if arg != "out_indices":
+        args["out_indices"] = out
+    x = args.pop("x")
+    with pytest.raises(TypeError, match=rf"topk: {arg} \(a _ExportRaises\) could not be read "
+                                        r"through DLPack: its __dlpack__ raised \(this producer "
+                                        r"cannot export now\)"):
+        attnkit.topk(x, K, **args)
+    assert (out == poisoned((B, K), np.int64)).all()
+
+
 def test_a_non_array_is_named_with_its_article():
     with pytest.raises(TypeError, match="topk: begin is an int; expected a NumPy array"):
         attnkit.topk(np.ones((2, 4), np.float32), 1, begin=3)
