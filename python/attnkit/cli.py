@@ -330,8 +330,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with code 2 on a usage error
     if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
+        parser.error("a command is required: demo, topk or info")  # exits with code 2
     try:
         return args.func(args)
     except InputError as e:

@@ -50,6 +50,14 @@ def test_demo_usage_errors(argv, fragment, capsys, restore_threads):
     assert "checks:" not in out  # refused before any case ran
 
 
+def test_no_command_is_a_usage_error_that_names_the_commands(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "attnkit: error: a command is required: demo, topk or info (see attnkit --help)\n"
+
+
 def test_demo_json_folder_is_refused_before_the_run(tmp_path, capsys):
     assert cli.main(["demo", "--quick", "--json", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
