@@ -229,6 +229,50 @@ def _backward(ctx, grad_values, grad_indices):
     return (grad_x.reshape(ctx.x_shape),) + none
 
 
+def _topk_vmap(info, in_dims, x, k, largest=True, sorted="none", begin=None, end=None,
+               indices_dtype=None, return_values=True, index_offset=None, index_fill=-1,
+               value_fill=None, nan="largest", ties="lowest_index", check=None):
+    """``torch.func.vmap``'s batching rule: the rows of every sample as one [V * B, N] call (one
+    launch), where vmap's fallback would call the op once a sample on slices whose last
+    dimension may be strided (``in_dims=1``). A sample's x of [N] is one row. A sample whose
+    x or row tensors have other shapes goes through the op once a sample, so that its own
+    checks name the sample's shapes. (The dispatcher leaves out trailing arguments that hold
+    their defaults, and their in_dims with them.)"""
+    v = info.batch_size
+    in_dims = tuple(in_dims) + (None,) * (14 - len(in_dims))
+
+    def batched(t, dim):
+        if t is None:
+            return None
+        return t.movedim(dim, 0) if dim is not None else t.expand(v, *t.shape)
+
+    x = batched(x, in_dims[0])
+    rows_args = {"begin": batched(begin, in_dims[4]), "end": batched(end, in_dims[5]),
+                 "index_offset": batched(index_offset, in_dims[8])}
+    options = dict(largest=largest, sorted=sorted, indices_dtype=indices_dtype,
+                   return_values=return_values, index_fill=index_fill, value_fill=value_fill,
+                   nan=nan, ties=ties, check=check)
+    rows = 1 if x.dim() == 2 else x.shape[1] if x.dim() == 3 else None
+    if rows is None or any(t is not None and tuple(t.shape[1:]) != (rows,)
+                           for t in rows_args.values()):
+        def sample(t, i):  # no samples: one of their shapes, for the op's checks
+            return None if t is None else t[i] if v else t.new_empty(t.shape[1:])
+
+        results = [torch.ops.attnkit.topk(
+            sample(x, i), k, **{name: sample(t, i) for name, t in rows_args.items()}, **options)
+            for i in range(max(v, 1))]
+        return tuple(torch.stack([r[j] for r in results])[:v] for j in (0, 1)), (0, 0)
+    flat = x.reshape(v * rows, x.shape[-1])
+    if flat.stride(-1) != 1:  # a batch dimension that was last: the op reads contiguous rows
+        flat = flat.contiguous()
+    flat_rows = {name: None if t is None else t.reshape(v * rows)
+                 for name, t in rows_args.items()}
+    values, indices = torch.ops.attnkit.topk(flat, k, **flat_rows, **options)
+    shape = (v, *x.shape[1:-1], indices.shape[-1])
+    values = values.reshape(shape) if return_values else values.new_empty((v, 0))
+    return (values, indices.reshape(shape)), (0, 0)
+
+
 for _key in ("CPU", "CUDA"):
     _LIB.impl("topk", _topk_impl, _key)
     _LIB.impl("topk_out", _topk_out_impl, _key)
@@ -236,6 +280,8 @@ torch.library.register_fake("attnkit::topk", _topk_fake, lib=_LIB)
 torch.library.register_fake("attnkit::topk_out", _topk_out_fake, lib=_LIB)
 torch.library.register_autograd("attnkit::topk", _backward, setup_context=_setup_context,
                                 lib=_LIB)
+if hasattr(torch.library, "register_vmap"):  # torch >= 2.5; earlier ones loop over the samples
+    torch.library.register_vmap("attnkit::topk", _topk_vmap, lib=_LIB)
 
 
 def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, begin, end,

@@ -701,6 +701,68 @@ def test_nested_x_is_refused_by_name():
         attnkit.topk(nested, 2)
 
 
+def _per_sample(f, *samples):
+    """f called on each sample of its arguments (None: an unbatched argument), stacked."""
+    v = next(a.shape[0] for a, batched in samples if batched)
+    outs = [f(*(a[i] if batched else a for a, batched in samples)) for i in range(v)]
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("layout", ["columns", "rows", "unbatched_x", "nested"])
+def test_vmap_calls_the_op_once_on_every_samples_rows(layout):
+    # The batching rule reshapes the samples' rows into one call; results equal the op on each
+    # sample, with ragged ends, offsets and ties (lowest index first).
+    rng = rng_for("vmap", layout)
+    v, b, n, k = 5, 3, 40, 6
+    ends = torch.from_numpy(rng.integers(0, n + 1, size=(v, b))).long()
+    offsets = torch.from_numpy(rng.integers(-9, 9, size=(v, b))).long()
+
+    def f(r, e=None, o=None):
+        res = attnkit.topk(r, k, sorted="value", end=e, index_offset=o, nan="ignore")
+        return torch.cat([res.values.float(), res.indices.float()], -1)
+
+    if layout == "columns":  # vmap over the last dimension of one matrix: strided samples
+        x = torch_rows("ties4", (n, v), "float32", rng)
+        got = torch.func.vmap(f, in_dims=1)(x)
+        want = _per_sample(f, (x.T.contiguous(), True))
+    elif layout == "rows":
+        x = torch_rows("nan", (v, b, n), "bfloat16", rng)
+        got = torch.func.vmap(f)(x, ends, offsets)
+        want = _per_sample(f, (x, True), (ends, True), (offsets, True))
+    elif layout == "unbatched_x":
+        x = torch_rows("normal@1", (b, n), "float16", rng)
+        got = torch.func.vmap(f, in_dims=(None, 0, None))(x, ends, offsets[0])
+        want = _per_sample(f, (x, False), (ends, True), (offsets[0], False))
+    else:
+        x = torch_rows("ties4", (2, v, n), "float32", rng)
+        got = torch.func.vmap(torch.func.vmap(f))(x)
+        want = torch.stack([_per_sample(f, (x[i], True)) for i in range(2)])
+    assert torch.equal(tensor_bits(got), tensor_bits(want))
+
+
+def test_vmap_keeps_the_gradient_and_names_a_samples_shapes():
+    x = torch.randn(4, 3, 30, requires_grad=True)
+    torch.func.vmap(lambda r: attnkit.topk(r, 5).values)(x).square().sum().backward()
+    y = x.detach().clone().requires_grad_(True)
+    torch.topk(y, 5).values.square().sum().backward()
+    assert torch.equal(x.grad, y.grad)
+    # A sample's end of the wrong length is named with the sample's shapes, not the batch's.
+    with pytest.raises(ValueError, match=r"topk: end has shape \[2\]; expected \[B\] = \[3\]"):
+        torch.func.vmap(lambda r, e: attnkit.topk(r, 5, end=e).indices)(
+            x.detach(), torch.full((4, 2), 7))
+
+
+def test_vmap_runs_without_torchs_per_sample_fallback():
+    # torch >= 2.5 takes attnkit's batching rule; older versions warn and loop over samples.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.func.vmap(lambda r: attnkit.topk(r, 2).indices)(torch.randn(3, 2, 10))
+    fallback = [w for w in caught if "batching rule" in str(w.message)]
+    assert bool(fallback) != hasattr(torch.library, "register_vmap")
+
+
 def test_vmap_with_out_buffers_is_refused_by_name():
     rows, out = torch.randn(5, 2, 10), torch.empty(5, 2, 3, dtype=torch.long)
     with pytest.raises(NotImplementedError, match="out_values/out_indices cannot be used under"):
