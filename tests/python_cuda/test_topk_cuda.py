@@ -131,6 +131,30 @@ def test_return_values_false():
     assert v is None and i.shape == (4, 10)
 
 
+@pytest.mark.parametrize("in_dims", [0, -1])
+def test_vmap_over_cuda_rows_matches_the_cpu_backend(in_dims):
+    # The batching rule's one call over every sample's rows (in_dims=-1: samples strided in
+    # the last dimension, made contiguous first), with per-sample ends and offsets on the GPU.
+    gen = torch.Generator(device=DEV).manual_seed(11 - in_dims)
+    v, b, n, k = 6, 4, 9000, 512
+    x = torch.randn(v, b, n, device=DEV, generator=gen).to(torch.bfloat16)
+    x[:, :, ::7] = x[:, :, :1]  # ties across the rows
+    end = torch.randint(0, n + 1, (v, b), device=DEV, generator=gen)
+    off = torch.randint(-50, 50, (v, b), device=DEV, generator=gen, dtype=torch.int32)
+    xs = x if in_dims == 0 else x.movedim(0, -1).contiguous()
+
+    def f(r, e, o):
+        res = attnkit.topk(r, k, end=e, index_offset=o, sorted="index")
+        return res.values, res.indices
+
+    gv, gi = torch.func.vmap(f, in_dims=(in_dims, 0, 0))(xs, end, off)
+    ev, ei = attnkit.topk(x.reshape(v * b, n).cpu(), k, end=end.reshape(-1).cpu(),
+                          index_offset=off.reshape(-1).cpu(), sorted="index")
+    assert gi.is_cuda and gi.shape == (v, b, k)
+    assert torch.equal(gi.reshape(v * b, k).cpu(), ei)
+    assert torch.equal(bits(gv.reshape(v * b, k).cpu()), bits(ev))
+
+
 def test_compile_fullgraph():
     def f(x):
         v, i = attnkit.topk(x, 64, sorted=True)
