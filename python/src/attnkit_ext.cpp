@@ -152,38 +152,106 @@ TensorView view_of(const Array& a, const char* name) {
   return v;
 }
 
-/// Any DLPack producer's tensor (CuPy, JAX, ...), through nanobind: read-only ones are taken as
-/// inputs (JAX exports its arrays so) and refused by name as outputs (`writable`).
-TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, bool writable) {
-  // Python checked that obj's type has __dlpack__: the export itself failed. `why` is the
-  // producer's own error (torch's "requires grad", say) when it raised one; nanobind's import
-  // swallows it, so a failed import asks the producer once more, to name it.
-  auto export_error = [&]() -> std::string {
-    try {
-      obj.attr("__dlpack__")();
-    } catch (const nb::python_error& e) {
-      const std::string why = nb::cast<std::string>(nb::str(e.value()));
-      return why.empty() ? nb::cast<std::string>(nb::str(e.type().attr("__name__"))) : why;
-    }
-    return "";
+// The headers of DLPack's managed tensors (dlpack.h, ABI versions 0 and 1), as far as
+// check_capsule reads them before nanobind's import, which trusts ndim and shape.
+struct ManagedTensor {
+  nb::dlpack::dltensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+struct ManagedTensorVersioned {
+  std::uint32_t major, minor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensorVersioned*);
+  std::uint64_t flags;
+  nb::dlpack::dltensor dl_tensor;
+};
+
+/// obj.__dlpack__()'s capsule, asked for as nanobind's import asks: a versioned one first for
+/// an output (its flags say whether it is writable), an unversioned one first for an input; the
+/// other kind when the producer refuses with BufferError or TypeError. Raises the producer's
+/// own error.
+nb::object export_capsule(nb::handle obj, bool writable) {
+  const nb::object dlpack = obj.attr("__dlpack__");
+  auto call = [&](bool versioned) {
+    return versioned ? dlpack(nb::arg("max_version") = nb::make_tuple(1, 1)) : dlpack();
   };
-  auto not_dlpack = [&] {
-    const std::string why = export_error();
+  try {
+    return call(writable);
+  } catch (const nb::python_error& e) {
+    if (!e.matches(PyExc_BufferError) && !e.matches(PyExc_TypeError)) throw;
+  }
+  return call(!writable);
+}
+
+/// Why `capsule` cannot be imported, or "" when its header is sound: a capsule of another
+/// name (one already consumed, say), a DLPack major version other than 0 or 1, a negative ndim
+/// or a null shape would otherwise be read as they are. More dimensions than attnkit takes
+/// raise check_ndim's error for `name`, before the import reads them.
+std::string capsule_problem(const nb::object& capsule, const char* name) {
+  if (!PyCapsule_CheckExact(capsule.ptr())) {
+    return "its __dlpack__ returned " +
+           nb::cast<std::string>(nb::str(capsule.type().attr("__name__"))) +
+           ", not a DLPack capsule";
+  }
+  const char* cname = PyCapsule_GetName(capsule.ptr());
+  const std::string label = cname == nullptr ? "" : cname;
+  const nb::dlpack::dltensor* t = nullptr;
+  if (label == "dltensor") {
+    const auto* mt = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), cname));
+    if (mt != nullptr) t = &mt->dl_tensor;
+  } else if (label == "dltensor_versioned") {
+    const auto* mt =
+        static_cast<ManagedTensorVersioned*>(PyCapsule_GetPointer(capsule.ptr(), cname));
+    if (mt != nullptr && mt->major != 1) {
+      return "its capsule is of DLPack version " + std::to_string(mt->major) + "." +
+             std::to_string(mt->minor) + "; attnkit reads versions 0 and 1";
+    }
+    if (mt != nullptr) t = &mt->dl_tensor;
+  } else {
+    return "its __dlpack__ returned a capsule named '" + label +
+           "', not 'dltensor' or 'dltensor_versioned' (one already consumed?)";
+  }
+  if (t == nullptr) {
+    PyErr_Clear();
+    return "its capsule holds no tensor";
+  }
+  if (t->ndim < 0) return "its tensor has ndim = " + std::to_string(t->ndim);
+  check_ndim(static_cast<std::size_t>(t->ndim), name);
+  if (t->ndim > 0 && t->shape == nullptr) {
+    return "its tensor has ndim = " + std::to_string(t->ndim) + " and a null shape";
+  }
+  return "";
+}
+
+/// Any DLPack producer's tensor (CuPy, JAX, ...), through nanobind: read-only ones are taken as
+/// inputs (JAX exports its arrays so) and refused by name as outputs (`writable`). The capsule
+/// is exported here and its header checked before nanobind imports it.
+TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, bool writable) {
+  auto not_dlpack = [&](const std::string& why) {
     return nb::type_error(("topk: " + std::string(name) + " (a " +
                            nb::cast<std::string>(nb::str(obj.type().attr("__name__"))) +
-                           ") could not be read through DLPack: " +
-                           (why.empty() ? "its __dlpack__ raised or gave no DLPack capsule"
-                                        : "its __dlpack__ raised (" + why + ")") +
+                           ") could not be read through DLPack: " + why +
                            "; pass a NumPy array or a torch tensor")
                               .c_str());
   };
-  // try_cast raises, rather than answering false, when __dlpack__ returns something that is
-  // not a DLPack capsule.
+  nb::object capsule;
+  try {
+    capsule = export_capsule(obj, writable);
+  } catch (const nb::python_error& e) {
+    // Python checked that obj's type has __dlpack__: the export itself failed.
+    const std::string why = nb::cast<std::string>(nb::str(e.value()));
+    throw not_dlpack("its __dlpack__ raised (" +
+                     (why.empty() ? nb::cast<std::string>(nb::str(e.type().attr("__name__")))
+                                  : why) +
+                     ")");
+  }
+  if (const std::string why = capsule_problem(capsule, name); !why.empty()) throw not_dlpack(why);
   auto import_as = [&](auto& array) {
     try {
-      return nb::try_cast(obj, array);
+      return nb::try_cast(capsule, array);
     } catch (const nb::python_error&) {
-      throw not_dlpack();
+      return false;
     }
   };
   if (writable) {
@@ -195,14 +263,14 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
             attnkit::ErrorCode::kValue,
             "topk: " + std::string(name) + " is read-only; outputs must be writable");
       }
-      throw not_dlpack();
+      throw not_dlpack("nanobind's import refused its capsule");
     }
     const TensorView v = view_of(a, name);
     imports.outputs.push_back(std::move(a));
     return v;
   }
   nb::ndarray<nb::ro> a;
-  if (!import_as(a)) throw not_dlpack();
+  if (!import_as(a)) throw not_dlpack("nanobind's import refused its capsule");
   const TensorView v = view_of(a, name);
   imports.inputs.push_back(std::move(a));
   return v;
