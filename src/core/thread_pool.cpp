@@ -128,7 +128,7 @@ void ThreadPool::run_tasks(Job& job) {
     const std::int64_t i = job.next.fetch_add(1, std::memory_order_relaxed);
     if (i >= job.n) break;
     try {
-      (*job.fn)(i);
+      job.fn(i);
     } catch (...) {
       std::lock_guard<std::mutex> lock(job.error_mutex);
       if (!job.error) job.error = std::current_exception();
@@ -166,16 +166,14 @@ void ThreadPool::worker_loop(std::uint64_t seen) {
   }
 }
 
-void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
+void ThreadPool::parallel_for(std::int64_t n, TaskRef fn) {
   if (n <= 0) return;
   if (t_inside_task || n == 1 || size() == 1) {
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
-  Job job;
-  job.fn = &fn;
-  job.n = n;
+  Job job(fn, n);
   bool any_asleep = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -6,12 +6,28 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace attnkit::detail {
+
+/// A non-owning reference to a task, a callable taking the task's index: parallel_for holds its
+/// caller's lambda through one, so that a call allocates nothing (a std::function copies a
+/// large capture to the heap, which can fail after a caller reserved its memory).
+class TaskRef {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, TaskRef>>>
+  TaskRef(const F& f) noexcept  // NOLINT(google-explicit-constructor): called with lambdas
+      : callable_(&f),
+        call_([](const void* c, std::int64_t i) { (*static_cast<const F*>(c))(i); }) {}
+  void operator()(std::int64_t i) const { call_(callable_, i); }
+
+ private:
+  const void* callable_;
+  void (*call_)(const void*, std::int64_t);
+};
 
 class ThreadPool {
  public:
@@ -33,15 +49,17 @@ class ThreadPool {
   /// Calls fn(i) once for every i in [0, n), spread over the pool, and returns when all
   /// calls have returned. Tasks are handed out one at a time, so uneven tasks balance. The
   /// first exception a task throws is rethrown here (tasks not yet started are skipped). A
-  /// call from inside a task runs serially on that thread.
-  void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn);
+  /// call from inside a task runs serially on that thread. `fn` must outlive the call (a
+  /// lambda written in the call's arguments does).
+  void parallel_for(std::int64_t n, TaskRef fn);
 
  private:
   /// One parallel_for. Lives on the caller's stack; workers hold it only while `refs` counts
   /// them, and the caller returns only when refs is back to zero.
   struct Job {
-    const std::function<void(std::int64_t)>* fn = nullptr;
-    std::int64_t n = 0;
+    Job(TaskRef f, std::int64_t count) : fn(f), n(count) {}
+    TaskRef fn;
+    std::int64_t n;
     std::atomic<std::int64_t> next{0};
     std::atomic<int> refs{0};
     std::atomic<bool> failed{false};

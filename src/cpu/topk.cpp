@@ -444,10 +444,15 @@ void order_candidates(Candidates& c, std::size_t n, TopkOrder order) {
   for (std::size_t i = 0; i < n; ++i) c.col[i] = ~static_cast<std::uint32_t>(c.bucket[i]);
 }
 
-/// std::bad_alloc naming what a call's working buffers needed (Python: MemoryError).
+/// std::bad_alloc naming what a call's working buffers needed (Python: MemoryError):
+/// `count` buffers of `each` bytes.
 class WorkingMemoryError : public std::bad_alloc {
  public:
-  explicit WorkingMemoryError(std::string message) : message_(std::move(message)) {}
+  WorkingMemoryError(const TopkProblem& p, std::size_t count, std::size_t each)
+      : message_("topk: out of host memory for the CPU backend's working buffers: " +
+                 std::to_string(count) + " x " + std::to_string(each) + " bytes (k = " +
+                 std::to_string(p.k) + ", N = " + std::to_string(p.row_len) + ", B = " +
+                 std::to_string(p.batch) + "); no output was written") {}
   const char* what() const noexcept override { return message_.c_str(); }
 
  private:
@@ -475,11 +480,7 @@ class CallBuffers {
       free_.clear();
       const std::size_t each = candidates * (2 * sizeof(std::uint32_t) + sizeof(std::uint64_t)) +
                                samples * sizeof(std::uint32_t);
-      throw WorkingMemoryError(
-          "topk: out of host memory for the CPU backend's working buffers: " +
-          std::to_string(slots) + " x " + std::to_string(each) + " bytes (k = " +
-          std::to_string(p.k) + ", N = " + std::to_string(p.row_len) + ", B = " +
-          std::to_string(p.batch) + "); no output was written");
+      throw WorkingMemoryError(p, slots, each);
     }
   }
 
@@ -580,9 +581,16 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
   const std::int64_t tasks = p.batch * segments;
   const std::size_t seg_k =
       std::min(k, static_cast<std::size_t>((p.row_len + segments - 1) / segments));
-  std::vector<std::uint32_t> seg_score(static_cast<std::size_t>(tasks) * seg_k);
-  std::vector<std::uint32_t> seg_col(static_cast<std::size_t>(tasks) * seg_k);
-  std::vector<std::size_t> seg_count(static_cast<std::size_t>(tasks));
+  const auto lists = static_cast<std::size_t>(tasks);
+  std::vector<std::uint32_t> seg_score, seg_col;
+  std::vector<std::size_t> seg_count;
+  try {
+    seg_score.resize(lists * seg_k);
+    seg_col.resize(lists * seg_k);
+    seg_count.resize(lists);
+  } catch (const std::bad_alloc&) {
+    throw WorkingMemoryError(p, lists, seg_k * 2 * sizeof(std::uint32_t) + sizeof(std::size_t));
+  }
   const std::int64_t seg_len = (p.row_len + segments - 1) / segments;
   buffers.reserve(p, slots(tasks), segment_candidates(k, seg_len), segment_samples(seg_len));
   pool.parallel_for(tasks, [&](std::int64_t t) {
