@@ -163,6 +163,8 @@ def cmd_topk(args) -> int:
     if not args.output:
         raise InputError("--output '': empty path")
     to_stdout = args.output == "-"
+    if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
+        raise InputError("--output -: standard output is closed")
     for name, flag in _FILE_ARRAYS:
         path = _file_of(args, name)
         if path and not to_stdout and _same_file(args.output, path):
@@ -184,10 +186,14 @@ def cmd_topk(args) -> int:
     except (ValueError, TypeError) as e:
         raise InputError(_in_cli_terms(_one_line(e), args)) from None
     except MemoryError as e:
-        why = str(e).removeprefix(f"topk: k = {args.k} ").replace(OUT_BUFFERS_HINT, "")
-        if why == str(e) or not why:  # an allocator's own MemoryError
+        message = str(e)
+        if message.startswith(f"topk: k = {args.k} "):  # the outputs' size, checked first
+            why = message.removeprefix(f"topk: k = {args.k} ").replace(OUT_BUFFERS_HINT, "")
+        elif message.startswith("topk: "):  # the CPU backend's working buffers
+            why = message.removeprefix("topk: ")
+        else:  # an allocator's own, for the outputs
             why = "the [B, k] outputs do not fit in memory"
-        raise InputError(f"-k {args.k}: {why}") from None
+        raise InputError(f"-k {args.k}: {why or 'out of memory'}") from None
     elapsed = time.perf_counter() - start
 
     arrays = {"indices": indices}
@@ -343,7 +349,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Writing the report failed: the reader went away (`attnkit demo | head`) or the disk
         # is full. stdout goes to devnull, so that the interpreter's final flush does not fail
         # again; a closed pipe stops quietly, as other tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if sys.stdout is not None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if isinstance(e, BrokenPipeError):
             return 141
         print(f"attnkit {args.command}: error: {e.strerror or _one_line(e)}", file=sys.stderr)

@@ -184,6 +184,26 @@ def test_topk_command_refuses_outputs_beyond_memory(tmp_path, capsys, monkeypatc
     assert "Traceback" not in err and not (tmp_path / "o.npz").exists()
 
 
+def test_topk_command_names_the_working_buffers_when_they_do_not_fit(tmp_path, capsys,
+                                                                     monkeypatch):
+    # The CPU backend's own MemoryError (its working buffers; tests/cpp's out-of-memory test
+    # makes it) is reported as it is, not as the outputs' size.
+    why = ("out of host memory for the CPU backend's working buffers: 2 x 1024 bytes (k = 3, "
+           "N = 5, B = 2); no output was written")
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("topk: " + why)
+
+    monkeypatch.setattr(sys.modules["attnkit.topk"], "topk", out_of_memory)
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    argv = ["topk", "--input", str(tmp_path / "x.npy"), "-k", "3", "--output",
+            str(tmp_path / "o.npz")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"attnkit topk: error: -k 3: {why}\n", err
+    assert not (tmp_path / "o.npz").exists()
+
+
 def test_a_failing_stdout_is_one_line_not_a_traceback():
     # `attnkit info > /dev/full`: the report cannot be written.
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
@@ -193,6 +213,15 @@ def test_a_failing_stdout_is_one_line_not_a_traceback():
     assert run.returncode == 1
     assert run.stderr.startswith("attnkit info: error: No space left on device")
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+
+
+def test_output_to_a_closed_stdout_is_a_usage_error(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
+    run = subprocess.run(f"{sys.executable} -c '{main}' topk -i x.npy -k 3 -o - >&-",
+                         shell=True, cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr == "attnkit topk: error: --output -: standard output is closed\n"
 
 
 @pytest.mark.parametrize("cuda_build, gpu_visible, fragment", [
