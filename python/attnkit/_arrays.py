@@ -199,14 +199,16 @@ def _dlpack_source(producer: Any, name: str) -> _DLPackSource:
     return cls(producer, tuple(shape), _NUMPY_DTYPES[DTYPE_NAMES[code]])
 
 
-def dlpack_shape(a: Any, name: str) -> tuple:
-    """The shape of DLPack producer `a` as the call reads it: its export's, which a ``shape``
-    attribute that says otherwise does not override (the outputs are sized by it)."""
+def dlpack_layout(a: Any, name: str) -> tuple:
+    """The shape and dtype name of DLPack producer `a` as the call reads them: its export's,
+    which ``shape`` and ``dtype`` attributes that say otherwise do not override (the outputs
+    are sized and typed by them)."""
     if isinstance(a, _DLPackSource):
-        return a.shape
+        return a.shape, _NUMPY_NAMES[a.dtype]
     from . import _ext
 
-    exported = tuple(_ext.dlpack_shape_dtype(a, name)[0])
+    shape, code = _ext.dlpack_shape_dtype(a, name)
+    exported, dtype = tuple(shape), DTYPE_NAMES[code]
     declared = getattr(a, "shape", exported)
     try:
         same = tuple(int(n) for n in declared) == exported
@@ -215,7 +217,15 @@ def dlpack_shape(a: Any, name: str) -> tuple:
     if not same:
         raise ValueError(f"topk: {name} (a {type(a).__name__}) has shape {declared!r} but exports "
                          f"shape {list(exported)} through DLPack; the two must agree")
-    return exported
+    declared = getattr(a, "dtype", None)
+    try:
+        same = declared is None or dtype_name(declared) == dtype
+    except TypeError:
+        same = False
+    if not same:
+        raise TypeError(f"topk: {name} (a {type(a).__name__}) has dtype {declared!r} but exports "
+                        f"{dtype} through DLPack; the two must agree")
+    return exported, dtype
 
 
 def resolved(a: Any, name: str) -> Any:
@@ -326,7 +336,12 @@ def device_of(a: Any, name: str = "x") -> tuple[str, int]:
         raise TypeError(f"topk: {name} (a {type(a).__name__}) has __dlpack__ but no "
                         "__dlpack_device__; a DLPack producer offers both")
     if dl is not None:
-        device = dl()
+        try:
+            device = dl()
+        except Exception as e:  # the producer's own error, named as its
+            why = " ".join(str(e).split()) or type(e).__name__
+            raise TypeError(f"topk: {name}.__dlpack_device__() (a {type(a).__name__}) raised "
+                            f"({why})") from e
         try:
             kind, index = (int(v) for v in device)
         except (TypeError, ValueError):

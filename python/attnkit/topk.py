@@ -366,9 +366,12 @@ def topk(
         index_offset = resolved(index_offset, "index_offset")
     raw_view = _arrays.raw_view
     x_view = raw_view(x, "x")
-    # The shape of x's memory as the view reads it (a subclass's or a DLPack producer's shape
-    # attribute may differ).
-    shape = tuple(x_view[1]) if type(x_view) is tuple else _arrays.dlpack_shape(x, "x")
+    # The shape and dtype of x's memory as the view reads them (a subclass's or a DLPack
+    # producer's attributes may differ).
+    if type(x_view) is tuple:
+        shape, x_dtype = tuple(x_view[1]), _arrays.DTYPE_NAMES[x_view[3]]
+    else:
+        shape, x_dtype = _arrays.dlpack_layout(x, "x")
     # Outside [0, 2^31 - 1], k allocates empty outputs, so that the C++ check reports it by
     # name before any large allocation.
     columns = k if 0 <= k <= _MAX_EXTENT else 0
@@ -382,9 +385,7 @@ def topk(
     make_indices = index_name if out_indices is None else None
     make_values = None
     if out_values is None and return_values:
-        # A raw view's dtype code is x's dtype, which raw_view has checked attnkit names.
-        make_values = (_arrays.DTYPE_NAMES[x_view[3]] if type(x_view) is tuple
-                       else _arrays.array_dtype_name(x, "x"))
+        make_values = x_dtype
     made_indices, made_values = make_indices is not None, make_values is not None
     if (made_indices or made_values) and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
         _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
