@@ -235,9 +235,10 @@ def _topk_vmap(info, in_dims, x, k, largest=True, sorted="none", begin=None, end
     """``torch.func.vmap``'s batching rule: the rows of every sample as one [V * B, N] call (one
     launch), where vmap's fallback would call the op once a sample on slices whose last
     dimension may be strided (``in_dims=1``). A sample's x of [N] is one row. A sample whose
-    x or row tensors have other shapes goes through the op once a sample, so that its own
-    checks name the sample's shapes. (The dispatcher leaves out trailing arguments that hold
-    their defaults, and their in_dims with them.)"""
+    x or row tensors have other shapes, or a call the op refuses (a bad ``end``, a NaN with
+    ``nan="raise"``, more rows than one call takes), goes through the op once a sample, so
+    that its own checks name the sample's shapes and rows. (The dispatcher leaves out trailing
+    arguments that hold their defaults, and their in_dims with them.)"""
     v = info.batch_size
     in_dims = tuple(in_dims) + (None,) * (14 - len(in_dims))
 
@@ -252,9 +253,8 @@ def _topk_vmap(info, in_dims, x, k, largest=True, sorted="none", begin=None, end
     options = dict(largest=largest, sorted=sorted, indices_dtype=indices_dtype,
                    return_values=return_values, index_fill=index_fill, value_fill=value_fill,
                    nan=nan, ties=ties, check=check)
-    rows = 1 if x.dim() == 2 else x.shape[1] if x.dim() == 3 else None
-    if rows is None or any(t is not None and tuple(t.shape[1:]) != (rows,)
-                           for t in rows_args.values()):
+
+    def per_sample():
         def sample(t, i):  # no samples: one of their shapes, for the op's checks
             return None if t is None else t[i] if v else t.new_empty(t.shape[1:])
 
@@ -262,12 +262,20 @@ def _topk_vmap(info, in_dims, x, k, largest=True, sorted="none", begin=None, end
             sample(x, i), k, **{name: sample(t, i) for name, t in rows_args.items()}, **options)
             for i in range(max(v, 1))]
         return tuple(torch.stack([r[j] for r in results])[:v] for j in (0, 1)), (0, 0)
+
+    rows = 1 if x.dim() == 2 else x.shape[1] if x.dim() == 3 else None
+    if rows is None or any(t is not None and tuple(t.shape[1:]) != (rows,)
+                           for t in rows_args.values()):
+        return per_sample()
     flat = x.reshape(v * rows, x.shape[-1])
     if flat.stride(-1) != 1:  # a batch dimension that was last: the op reads contiguous rows
         flat = flat.contiguous()
     flat_rows = {name: None if t is None else t.reshape(v * rows)
                  for name, t in rows_args.items()}
-    values, indices = torch.ops.attnkit.topk(flat, k, **flat_rows, **options)
+    try:
+        values, indices = torch.ops.attnkit.topk(flat, k, **flat_rows, **options)
+    except (ValueError, TypeError):
+        return per_sample()
     shape = (v, *x.shape[1:-1], indices.shape[-1])
     values = values.reshape(shape) if return_values else values.new_empty((v, 0))
     return (values, indices.reshape(shape)), (0, 0)

@@ -752,6 +752,25 @@ def test_vmap_keeps_the_gradient_and_names_a_samples_shapes():
             x.detach(), torch.full((4, 2), 7))
 
 
+def test_vmap_names_a_refused_value_by_the_samples_row():
+    # The one call over every sample's rows is refused; the samples then go one by one, so the
+    # error names the row of the sample's own x (row 1 of sample 1, not row 3 of the batch).
+    x = torch.randn(3, 2, 50)
+    end = torch.full((3, 2), 50)
+    end[1, 1] = 51
+    with pytest.raises(ValueError, match=r"topk: end\[1\] = 51 is outside"):
+        torch.func.vmap(lambda r, e: attnkit.topk(r, 5, end=e).indices)(x, end)
+    rows = torch.tensor([[1.0, 2.0], [float("nan"), 1.0]])
+    with pytest.raises(ValueError, match=r"x\[0\] is NaN"):
+        torch.func.vmap(lambda r: attnkit.topk(r, 1, nan="raise").indices)(rows)
+
+
+def test_vmap_whose_rows_one_call_cannot_take_runs_sample_by_sample():
+    # 4 samples of 2^30 empty rows: each a valid call, 2^32 rows together are not.
+    got = torch.func.vmap(lambda r: attnkit.topk(r, 0).indices)(torch.empty(4, 2**30, 0))
+    assert got.shape == (4, 2**30, 0)
+
+
 def test_vmap_runs_without_torchs_per_sample_fallback():
     # torch >= 2.5 takes attnkit's batching rule; older versions warn and loop over samples.
     import warnings
