@@ -505,31 +505,84 @@ class _DLManagedTensor(ctypes.Structure):
                 ("deleter", ctypes.c_void_p)]  # null: nothing to free
 
 
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
 class _HandMadeCapsule:
     """A producer with only __dlpack__, whose capsule describes a float32 [rows, cols] tensor
-    over `buf` with the given element strides and, if `null`, no data pointer."""
+    over `buf` with the given element strides and, if `null`, no data pointer. The header may
+    be broken on purpose: `ndim` other than 2, no shape (`null_shape`), a versioned capsule of
+    DLPack `version` (major, minor), a capsule `name` of another kind."""
 
-    def __init__(self, buf, shape, strides, null=False):
+    def __init__(self, buf, shape, strides, null=False, ndim=2, null_shape=False,
+                 version=None, name=None):
         self.buf, self.shape_, self.strides_, self.null = buf, shape, strides, null
+        self.ndim, self.null_shape, self.version, self.name = ndim, null_shape, version, name
         self.alive = []  # the structures the capsules point into
 
     def __dlpack__(self, **kwargs):
         shape = (ctypes.c_int64 * 2)(*self.shape_)
         strides = (ctypes.c_int64 * 2)(*self.strides_)
-        m = _DLManagedTensor()
+        m = _DLManagedTensor() if self.version is None else _DLManagedTensorVersioned()
+        if self.version is not None:
+            m.major, m.minor = self.version
         m.dl_tensor.data = None if self.null else self.buf.ctypes.data
         m.dl_tensor.device = _DLDevice(1, 0)  # kDLCPU
-        m.dl_tensor.ndim = 2
+        m.dl_tensor.ndim = self.ndim
         m.dl_tensor.dtype = _DLDataType(2, 32, 1)  # kDLFloat, 32 bits
-        m.dl_tensor.shape, m.dl_tensor.strides = shape, strides
+        m.dl_tensor.shape, m.dl_tensor.strides = (None if self.null_shape else shape), strides
         self.alive += [shape, strides, m]
         new = ctypes.pythonapi.PyCapsule_New
         new.restype = ctypes.py_object
         new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-        return new(ctypes.addressof(m), b"dltensor", None)
+        name = self.name or (b"dltensor" if self.version is None else b"dltensor_versioned")
+        return new(ctypes.addressof(m), name, None)
 
     def __dlpack_device__(self):
         return (1, 0)
+
+
+@pytest.mark.parametrize("arg", ["x", "end", "out_indices"])
+@pytest.mark.parametrize("broken,why", [
+    (dict(null_shape=True), r"its tensor has ndim = 2 and a null shape"),
+    (dict(ndim=-1), r"its tensor has ndim = -1"),
+    (dict(version=(2, 0)), r"its capsule is of DLPack version 2.0; attnkit reads versions 0 "
+                           r"and 1"),
+    (dict(name=b"used_dltensor"), r"its __dlpack__ returned a capsule named 'used_dltensor'")])
+def test_dlpack_capsule_with_a_broken_header_is_refused_by_name(arg, broken, why):
+    # Read before the import, which would trust them: never a crash, nothing written.
+    buf = np.zeros(16, np.float32)
+    bad = _HandMadeCapsule(buf, (2, 8), (8, 1), **broken)
+    args = {"x": buf.reshape(2, 8), arg: bad}
+    out = poisoned((2, 3), np.int64)
+    if arg != "out_indices":
+        args["out_indices"] = out
+    with pytest.raises(TypeError, match=rf"topk: {arg} \(a _HandMadeCapsule\) could not be "
+                                        rf"read through DLPack: {why}"):
+        attnkit.topk(args.pop("x"), 3, **args)
+    assert (out == poisoned((2, 3), np.int64)).all()
+
+
+@pytest.mark.parametrize("arg", ["x", "end", "out_indices"])
+def test_dlpack_capsule_of_more_dimensions_than_its_shape_holds_is_refused_by_name(arg):
+    # ndim = 40 over a shape of two: refused as a shape, before the import reads it.
+    buf = np.zeros(16, np.float32)
+    args = {"x": buf.reshape(2, 8), arg: _HandMadeCapsule(buf, (2, 8), (8, 1), ndim=40)}
+    out = poisoned((2, 3), np.int64)
+    if arg != "out_indices":
+        args["out_indices"] = out
+    with pytest.raises(ValueError, match=rf"topk: {arg} has 40 dimensions; at most \d+ are"):
+        attnkit.topk(args.pop("x"), 3, **args)
+    assert (out == poisoned((2, 3), np.int64)).all()
+
+
+def test_versioned_dlpack_capsule_is_read():
+    buf = np.arange(16, dtype=np.float32)
+    got = attnkit.topk(_HandMadeCapsule(buf, (2, 8), (8, 1), version=(1, 0)), 2, sorted="value")
+    assert_same_result(got, topk_reference(buf.reshape(2, 8), 2, sorted="value"), "versioned")
 
 
 def test_bare_dlpack_producers_are_checked_as_other_inputs():
@@ -553,10 +606,10 @@ class _Relay:
     """A DLPack producer of `a`'s capsules with `shape` and `dtype` of its own choosing, which
     need not be what it exports."""
 
-    def __init__(self, a, shape=None):
+    def __init__(self, a, shape=None, dtype=np.float32):
         self.a = a
         if shape is not None:
-            self.shape, self.dtype = shape, np.dtype(np.float32)
+            self.shape, self.dtype = shape, np.dtype(dtype)
 
     def __dlpack__(self, **kwargs):
         return self.a.__dlpack__(**kwargs)
@@ -594,6 +647,15 @@ def test_dlpack_x_whose_shape_attribute_disagrees_with_its_export_is_named(said)
     assert_same_result(agreed, topk_reference(_x(), K, sorted="value"), "shape agreed")
 
 
+@pytest.mark.parametrize("said", [np.float16, ml_dtypes.bfloat16])
+def test_dlpack_x_whose_dtype_attribute_disagrees_with_its_export_is_named(said):
+    # The values are typed by x's dtype: an attribute that is not what the export holds is
+    # refused by x's name, not found later as a mismatch of an out_values the caller never gave.
+    with pytest.raises(TypeError, match=r"topk: x \(a _Relay\) has dtype .* but exports "
+                                        r"float32 through DLPack; the two must agree"):
+        attnkit.topk(_Relay(_x(), shape=(B, N), dtype=said), K)
+
+
 def test_bare_dlpack_producer_of_bfloat16_is_read():
     # NumPy cannot import bfloat16 through DLPack; the result comes back as NumPy arrays.
     x = torch.from_numpy(_x()).bfloat16()
@@ -626,7 +688,7 @@ class _ExportRaises(_NoCapsule):
 
 
 @pytest.mark.parametrize("producer,reason", [
-    (_NoCapsule, ""),
+    (_NoCapsule, r": its __dlpack__ returned int, not a DLPack capsule"),
     (_ExportRaises, r": its __dlpack__ raised \(this producer cannot export now\)")])
 @pytest.mark.parametrize("arg", ["x", "end", "out_indices"])
 @pytest.mark.parametrize("with_shape", [False, True])
@@ -767,6 +829,13 @@ def test_dlpack_producers_with_a_broken_device_are_named():
     with pytest.raises(TypeError, match=r"topk: x \(a NoDevice\) has __dlpack__ but no "
                                         r"__dlpack_device__"):
         attnkit.topk(NoDevice(), 2)
+    class RaisingDevice(NoDevice):
+        def __dlpack_device__(self):
+            raise RuntimeError("device lookup failed")
+
     with pytest.raises(TypeError, match=r"topk: end.__dlpack_device__\(\) \(a BadDevice\) "
                                         r"returned 'cpu'; expected a \(device_type, device_id\)"):
         attnkit.topk(a, 2, end=BadDevice())
+    with pytest.raises(TypeError, match=r"topk: x.__dlpack_device__\(\) \(a RaisingDevice\) "
+                                        r"raised \(device lookup failed\)"):
+        attnkit.topk(RaisingDevice(), 2)
