@@ -352,6 +352,15 @@ def topk(
                 out_values=out_values, out_indices=out_indices, index_offset=index_offset,
                 index_fill=index_fill, value_fill=fill, nan=str(nan), ties=str(ties),
                 check=None if check is None else bool(check)))
+    else:
+        others = (("begin", begin), ("end", end), ("index_offset", index_offset), *buffers)
+        transformed = [name for name, a in others if is_torch(a)]
+        if transformed and _recorded(torch_module):
+            # The op is recorded only through a torch x: its other tensors have no memory to
+            # read here (a vmap's batched tensor, a fake tensor).
+            raise TypeError(f"topk: {transformed[0]} is a torch tensor under torch.compile, "
+                            f"tracing, a dispatch mode or a torch.func transform, but x is a "
+                            f"{type(x).__name__}; pass x as a torch tensor there")
 
     # torch views with the negative or conjugate bit set (x.conj().imag, torch._neg_view) hold
     # their values in memory with the sign not yet applied, and bare DLPack producers have no

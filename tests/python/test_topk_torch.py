@@ -771,6 +771,14 @@ def test_vmap_whose_rows_one_call_cannot_take_runs_sample_by_sample():
     assert got.shape == (4, 2**30, 0)
 
 
+def test_vmap_over_a_torch_begin_with_a_numpy_x_is_refused_by_name():
+    x = np.zeros((2, 10), np.float32)
+    with pytest.raises(TypeError, match=r"topk: begin is a torch tensor under .* but x is a "
+                                        r"ndarray; pass x as a torch tensor there"):
+        torch.func.vmap(lambda b: attnkit.topk(x, 2, begin=b).indices)(
+            torch.zeros(3, 2, dtype=torch.int64))
+
+
 def test_vmap_runs_without_torchs_per_sample_fallback():
     # torch >= 2.5 takes attnkit's batching rule; older versions warn and loop over samples.
     import warnings
