@@ -153,7 +153,7 @@ TensorView view_of(const Array& a, const char* name) {
 }
 
 // The headers of DLPack's managed tensors (dlpack.h, ABI versions 0 and 1), as far as
-// check_capsule reads them before nanobind's import, which trusts ndim and shape.
+// capsule_problem reads them before nanobind's import, which trusts ndim and shape.
 struct ManagedTensor {
   nb::dlpack::dltensor dl_tensor;
   void* manager_ctx;
@@ -263,14 +263,14 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
             attnkit::ErrorCode::kValue,
             "topk: " + std::string(name) + " is read-only; outputs must be writable");
       }
-      throw not_dlpack("nanobind's import refused its capsule");
+      throw not_dlpack("its capsule could not be imported");
     }
     const TensorView v = view_of(a, name);
     imports.outputs.push_back(std::move(a));
     return v;
   }
   nb::ndarray<nb::ro> a;
-  if (!import_as(a)) throw not_dlpack("nanobind's import refused its capsule");
+  if (!import_as(a)) throw not_dlpack("its capsule could not be imported");
   const TensorView v = view_of(a, name);
   imports.inputs.push_back(std::move(a));
   return v;
