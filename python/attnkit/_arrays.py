@@ -130,6 +130,13 @@ def no_such_dtype(name: str, dtype: Any) -> TypeError:
                      f"{_EXPECTED_DTYPES.get(name, 'int32 or int64')}{hint}")
 
 
+def is_bare_producer(a: Any) -> bool:
+    """Whether `a` is read through DLPack: neither a NumPy array nor a torch tensor, and its
+    type has ``__dlpack__``."""
+    return (not isinstance(a, np.ndarray) and not is_torch(a)
+            and hasattr(type(a), "__dlpack__"))
+
+
 def array_dtype_name(a: Any, name: str) -> str:
     """The dtype name of array argument `name`; TypeError naming it when attnkit has none."""
     check_array(a, name)

@@ -279,6 +279,13 @@ def topk(
         raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
     if out_values is not None and not return_values:
         raise ValueError("topk: out_values is given but return_values = False")
+    # A bare DLPack buffer is written as it exports itself: shape or dtype attributes that say
+    # otherwise are refused by its name (as for x), not quoted in other arguments' errors.
+    exported_index = None
+    if out_values is not None and _arrays.is_bare_producer(out_values):
+        _arrays.dlpack_layout(out_values, "out_values")
+    if out_indices is not None and _arrays.is_bare_producer(out_indices):
+        exported_index = _arrays.dlpack_layout(out_indices, "out_indices")[1]
     index_name = None
     if out_indices is None or indices_dtype is not None:
         try:
@@ -288,10 +295,12 @@ def topk(
         if index_name not in ("int32", "int64"):
             raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
     if out_indices is not None and index_name is not None:
-        try:
-            buffer_index = _arrays.array_dtype_name(out_indices, "out_indices")
-        except TypeError:
-            buffer_index = None  # reported with the other checks of out_indices
+        buffer_index = exported_index
+        if buffer_index is None:
+            try:
+                buffer_index = _arrays.array_dtype_name(out_indices, "out_indices")
+            except TypeError:
+                buffer_index = None  # reported with the other checks of out_indices
         if buffer_index is not None and buffer_index != index_name:
             raise ValueError(f"topk: indices_dtype = {index_name} but out_indices has dtype "
                              f"{buffer_index}; leave indices_dtype out or give the same dtype")

@@ -656,6 +656,33 @@ def test_dlpack_x_whose_dtype_attribute_disagrees_with_its_export_is_named(said)
         attnkit.topk(_Relay(_x(), shape=(B, N), dtype=said), K)
 
 
+@pytest.mark.parametrize("indices_dtype", [None, "int32", "int64"])
+@pytest.mark.parametrize("arg, said", [("out_indices", {"dtype": np.int32}),
+                                       ("out_indices", {"shape": (B, K + 1), "dtype": np.int64}),
+                                       ("out_values", {"dtype": np.float16})])
+def test_dlpack_buffer_whose_attributes_disagree_with_its_export_is_named(arg, said,
+                                                                         indices_dtype):
+    # A buffer is written as it exports itself: attributes that say otherwise are refused by
+    # the buffer's name, whatever indices_dtype says, and nothing is written.
+    buffers = {"out_indices": poisoned((B, K), np.int64),
+               "out_values": poisoned((B, K), np.float32)}
+    args = {name: _Relay(buf, shape=(B, K), dtype=buf.dtype) for name, buf in buffers.items()}
+    args[arg] = _Relay(buffers[arg], **{"shape": (B, K), **said})
+    error = TypeError if "shape" not in said else ValueError
+    what = "dtype" if error is TypeError else "shape"
+    with pytest.raises(error, match=rf"topk: {arg} \(a _Relay\) has {what} .* but exports "):
+        attnkit.topk(_x(), K, indices_dtype=indices_dtype, **args)
+    assert (buffers["out_indices"] == poisoned((B, K), np.int64)).all()
+    poison = poisoned((B, K), np.float32).view(np.uint32)
+    assert (buffers["out_values"].view(np.uint32) == poison).all()
+    # The same buffers with truthful attributes are written.
+    args = {name: _Relay(buf, shape=(B, K), dtype=buf.dtype) for name, buf in buffers.items()}
+    attnkit.topk(_x(), K, indices_dtype="int64" if indices_dtype else None, sorted="value",
+                 **args)
+    assert_same_result((buffers["out_values"], buffers["out_indices"]),
+                       topk_reference(_x(), K, sorted="value"), "truthful buffers")
+
+
 def test_bare_dlpack_producer_of_bfloat16_is_read():
     # NumPy cannot import bfloat16 through DLPack; the result comes back as NumPy arrays.
     x = torch.from_numpy(_x()).bfloat16()
