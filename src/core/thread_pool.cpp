@@ -16,14 +16,13 @@ namespace {
 
 thread_local bool t_inside_task = false;
 
-// More threads than this is a mistake (a count of bytes, a typo), not a machine.
-constexpr long kMaxThreads = 4096;
-
 int default_thread_count() {
   if (const char* env = std::getenv("ATTNKIT_NUM_THREADS")) {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && v >= 1 && v <= kMaxThreads) return static_cast<int>(v);
+    if (end != env && *end == '\0' && v >= 1 && v <= ThreadPool::kMaxThreads) {
+      return static_cast<int>(v);
+    }
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
@@ -157,7 +156,12 @@ void ThreadPool::worker_loop(std::uint64_t seen) {
       seen = generation_.load(std::memory_order_relaxed);
       if (stopping_) return;
       job = current_;  // null when the job already finished
-      if (job) job->refs.fetch_add(1, std::memory_order_relaxed);
+      if (job != nullptr && job->helpers < job->max_helpers) {
+        ++job->helpers;
+        job->refs.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        job = nullptr;  // finished, or as many threads as the caller asked for run it
+      }
     }
     if (job) {
       run_tasks(*job);
@@ -166,14 +170,14 @@ void ThreadPool::worker_loop(std::uint64_t seen) {
   }
 }
 
-void ThreadPool::parallel_for(std::int64_t n, TaskRef fn) {
+void ThreadPool::parallel_for(std::int64_t n, TaskRef fn, int max_threads) {
   if (n <= 0) return;
-  if (t_inside_task || n == 1 || size() == 1) {
+  if (t_inside_task || n == 1 || size() == 1 || max_threads <= 1) {
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
-  Job job(fn, n);
+  Job job(fn, n, max_threads - 1);
   bool any_asleep = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -31,6 +31,9 @@ class TaskRef {
 
 class ThreadPool {
  public:
+  /// More threads than this is a mistake (a count of bytes, a typo), not a machine.
+  static constexpr int kMaxThreads = 4096;
+
   /// The process-wide pool, sized by ATTNKIT_NUM_THREADS or the hardware thread count.
   static ThreadPool& global();
 
@@ -47,19 +50,24 @@ class ThreadPool {
   void resize(int num_threads);
 
   /// Calls fn(i) once for every i in [0, n), spread over the pool, and returns when all
-  /// calls have returned. Tasks are handed out one at a time, so uneven tasks balance. The
-  /// first exception a task throws is rethrown here (tasks not yet started are skipped). A
-  /// call from inside a task runs serially on that thread. `fn` must outlive the call (a
-  /// lambda written in the call's arguments does).
-  void parallel_for(std::int64_t n, TaskRef fn);
+  /// calls have returned. Tasks are handed out one at a time, so uneven tasks balance. At most
+  /// `max_threads` threads (at least 1, the caller's included) run tasks at once, whatever
+  /// size() is by then: a caller that sized per-thread state by size() before the call stays
+  /// within it when resize() grows the pool in between. The first exception a task throws is
+  /// rethrown here (tasks not yet started are skipped). A call from inside a task runs
+  /// serially on that thread. `fn` must outlive the call (a lambda written in the call's
+  /// arguments does).
+  void parallel_for(std::int64_t n, TaskRef fn, int max_threads = kMaxThreads);
 
  private:
   /// One parallel_for. Lives on the caller's stack; workers hold it only while `refs` counts
   /// them, and the caller returns only when refs is back to zero.
   struct Job {
-    Job(TaskRef f, std::int64_t count) : fn(f), n(count) {}
+    Job(TaskRef f, std::int64_t count, int most) : fn(f), n(count), max_helpers(most) {}
     TaskRef fn;
     std::int64_t n;
+    int max_helpers;  // workers that may join besides the caller
+    int helpers = 0;  // workers that joined; under mutex_
     std::atomic<std::int64_t> next{0};
     std::atomic<int> refs{0};
     std::atomic<bool> failed{false};

@@ -192,6 +192,41 @@ def test_interpreter_exits_cleanly_while_a_daemon_thread_is_inside_topk():
             f"attempt {attempt}: exit code {out.returncode}, stderr: {out.stderr[-2000:]}"
 
 
+_RESIZE_DURING_CALLS = """
+import threading
+import numpy as np, attnkit
+x = np.random.default_rng(0).standard_normal((64, 4000)).astype(np.float32)
+want = attnkit.topk(x, 10, backend="reference").indices
+stop = threading.Event()
+def resize():
+    while not stop.is_set():
+        attnkit.set_num_threads(1); attnkit.set_num_threads(8)
+wrong = []
+def run(t):
+    for _ in range(1000):
+        if not np.array_equal(attnkit.topk(x, 10).indices, want):
+            wrong.append(t)
+resizer = threading.Thread(target=resize); resizer.start()
+workers = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+for w in workers: w.start()
+for w in workers: w.join()
+stop.set(); resizer.join()
+print("wrong", len(wrong))
+"""
+
+
+def test_set_num_threads_while_other_threads_are_inside_topk():
+    # A call sizes its working buffers by the thread count when it starts; a pool grown by
+    # another thread meanwhile must not run more tasks at once than it has buffers for (this
+    # crashed the process in some runs; the C++ test
+    # ThreadPool.ParallelForRunsAtMostTheThreadsAskedFor checks the bound itself).
+    for attempt in range(2):
+        out = subprocess.run([sys.executable, "-c", _RESIZE_DURING_CALLS], capture_output=True,
+                             text=True, timeout=300)
+        assert (out.returncode, out.stdout.strip()) == (0, "wrong 0"), \
+            f"attempt {attempt}: exit code {out.returncode}, stderr: {out.stderr[-2000:]}"
+
+
 def _child_prints_mib(code: str) -> int:
     """Runs `code` in a fresh interpreter (its own memory counters) and returns the number of
     MiB it prints last."""
