@@ -325,10 +325,22 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
             out_indices = x.new_empty(shape, dtype=indices_dtype)
         if out_values is None and return_values:
             out_values = x.new_empty(shape)
+        if not return_values:
+            out_values = None
+        # Under torch.compile a buffer that is not contiguous is written through a contiguous
+        # one and copied in: inductor (torch 2.15) drops the write-back into such a buffer when
+        # the graph reads it after the op, where the copy's write-back is kept.
         torch.ops.attnkit.topk_out(
             x, k, largest, order, begin, end, index_offset, index_fill, value_fill, nan, ties,
-            check, out_values if return_values else None, out_indices)
-        return (out_values if return_values else None), out_indices
+            check, out_values, out_indices)
+        if compiling:
+            # Inductor (torch 2.15) runs the op on a copy of a buffer that is not contiguous
+            # when the graph reads the buffer afterwards, and drops the copy's write-back into
+            # the caller's buffer; with a copy_ into it the op writes the buffer itself.
+            for t in (out_values, out_indices):
+                if t is not None and not t.is_contiguous():
+                    t.copy_(t.clone())
+        return out_values, out_indices
     values, indices = torch.ops.attnkit.topk(
         x, k, largest, order, begin, end, indices_dtype, return_values, index_offset, index_fill,
         value_fill, nan, ties, check)

@@ -289,6 +289,40 @@ def test_compile_fullgraph_out_buffers():
     assert torch.equal(tensor_bits(ov_e), tensor_bits(ov_c)) and torch.equal(oi_e, oi_c)
 
 
+@pytest.mark.parametrize("layout", ("row_stride", "every_other_row", "storage_offset"))
+@pytest.mark.parametrize("read_after", (True, False), ids=lambda b: f"read_after={b}")
+@pytest.mark.parametrize("with_values", (True, False), ids=lambda b: f"with_values={b}")
+def test_compile_fullgraph_writes_strided_out_buffers(layout, read_after, with_values):
+    # Caller buffers of any row stride are written in place under inductor, also when the
+    # compiled code returns them (torch 2.15's inductor then ran the op on a copy of a
+    # row-strided buffer and left the caller's as it was).
+    x = torch_rows("normal@1", (4, 60), "float32", rng_for("compile_strided", layout))
+    want = attnkit.topk(x, 5, sorted="index")
+
+    def buffer(dtype):
+        if layout == "row_stride":
+            return torch.full((4, 9), 7, dtype=dtype)[:, 2:7]
+        if layout == "every_other_row":
+            return torch.full((8, 5), 7, dtype=dtype)[::2]
+        return torch.full((6, 5), 7, dtype=dtype)[1:5]
+
+    def f(a, ov, oi):
+        attnkit.topk(a, 5, sorted="index", return_values=ov is not None, out_values=ov,
+                     out_indices=oi)
+        # A product by 1 is the buffer itself to inductor, which then returned its copy.
+        return (oi * 1, None if ov is None else ov * 1) if read_after else None
+
+    ov, oi = buffer(torch.float32) if with_values else None, buffer(torch.int64)
+    torch._dynamo.reset()  # a graph of its own for each layout, as a first call makes
+    got = torch.compile(f, fullgraph=True, backend="inductor")(x, ov, oi)
+    assert torch.equal(oi, want.indices)
+    if with_values:
+        assert torch.equal(tensor_bits(ov), tensor_bits(want.values))
+    if read_after:
+        assert torch.equal(got[0], want.indices)
+        assert not with_values or torch.equal(tensor_bits(got[1]), tensor_bits(want.values))
+
+
 @pytest.mark.parametrize("given", ("values", "indices"))
 def test_compile_fullgraph_one_out_buffer(given):
     # One caller buffer: it is written in place, and the other result is made, as in eager.
