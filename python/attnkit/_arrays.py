@@ -284,7 +284,9 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
                 base = None
             if base is not None and (base.data_ptr() != 0 or base.numel() == 0):
                 a = base  # wrapper subclasses, without memory, keep their name for the refusal
-    shape = getattr(a, "shape", ())
+    if not isinstance(a, np.ndarray) and not is_torch(a):
+        return a  # a DLPack producer: the extension reads its export (rank checked there)
+    shape = a.shape
     if len(shape) > _MAX_DIMS:
         raise ValueError(f"topk: {name} has {len(shape)} dimensions (shape {tuple(shape)}); "
                          f"topk takes x as [B, N] or [N], and [B] or [B, k] for the others")
@@ -329,7 +331,6 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
                              f"torch.ops.attnkit.topk, which dispatches through subclasses")
         # a.shape is a torch.Size, a tuple, as the extension takes it.
         return (ptr, shape, a.stride(), DTYPE_CODES[known], device_type, index)
-    return a
 
 
 def device_of(a: Any, name: str = "x") -> tuple[str, int]:

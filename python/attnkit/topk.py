@@ -279,11 +279,13 @@ def topk(
         raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
     if out_values is not None and not return_values:
         raise ValueError("topk: out_values is given but return_values = False")
-    # A bare DLPack buffer is written as it exports itself: shape or dtype attributes that say
-    # otherwise are refused by its name (as for x), not quoted in other arguments' errors.
+    # A bare DLPack argument is read or written as it exports itself: shape or dtype attributes
+    # that say otherwise are refused by its name (as for x), not quoted in other errors.
     exported_index = None
-    if out_values is not None and _arrays.is_bare_producer(out_values):
-        _arrays.dlpack_layout(out_values, "out_values")
+    for name, a in (("begin", begin), ("end", end), ("index_offset", index_offset),
+                    ("out_values", out_values)):
+        if a is not None and _arrays.is_bare_producer(a):
+            _arrays.dlpack_layout(a, name)
     if out_indices is not None and _arrays.is_bare_producer(out_indices):
         exported_index = _arrays.dlpack_layout(out_indices, "out_indices")[1]
     index_name = None

@@ -683,6 +683,29 @@ def test_dlpack_buffer_whose_attributes_disagree_with_its_export_is_named(arg, s
                        topk_reference(_x(), K, sorted="value"), "truthful buffers")
 
 
+@pytest.mark.parametrize("arg", ["x", "end", "out_indices"])
+@pytest.mark.parametrize("said", [5, "[B, N]", (B, N, 1)])
+def test_dlpack_argument_whose_shape_attribute_is_not_its_export_is_named(arg, said):
+    # Whatever a shape attribute holds (a number, a string, another shape), the argument is
+    # refused by its name beside its export's shape, and nothing is written; a truthful
+    # attribute is read.
+    def call(shape, exported):
+        args = dict(exported)
+        args[arg] = _Relay(exported[arg], shape=shape or exported[arg].shape,
+                           dtype=exported[arg].dtype)
+        return attnkit.topk(args.pop("x"), K, sorted="index", **args)
+
+    arrays = {"x": _x(), "end": np.full(B, N, np.int64), "out_indices": poisoned((B, K), np.int64)}
+    shape = {"x": (B, N), "end": (B,), "out_indices": (B, K)}[arg]
+    with pytest.raises(ValueError, match=rf"topk: {arg} \(a _Relay\) has shape .* but exports "
+                                         rf"shape \[{', '.join(map(str, shape))}\] through"):
+        call(said, arrays)
+    assert (arrays["out_indices"] == poisoned((B, K), np.int64)).all()
+    got = call(None, arrays)
+    assert_same_result((got.values, arrays["out_indices"]),
+                       topk_reference(_x(), K, sorted="index"), f"truthful {arg}")
+
+
 def test_bare_dlpack_producer_of_bfloat16_is_read():
     # NumPy cannot import bfloat16 through DLPack; the result comes back as NumPy arrays.
     x = torch.from_numpy(_x()).bfloat16()
