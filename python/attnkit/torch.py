@@ -327,9 +327,6 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
             out_values = x.new_empty(shape)
         if not return_values:
             out_values = None
-        # Under torch.compile a buffer that is not contiguous is written through a contiguous
-        # one and copied in: inductor (torch 2.15) drops the write-back into such a buffer when
-        # the graph reads it after the op, where the copy's write-back is kept.
         torch.ops.attnkit.topk_out(
             x, k, largest, order, begin, end, index_offset, index_fill, value_fill, nan, ties,
             check, out_values, out_indices)
