@@ -332,8 +332,9 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
             check, out_values, out_indices)
         if compiling:
             # Inductor (torch 2.15) runs the op on a copy of a buffer that is not contiguous
-            # when the graph reads the buffer afterwards, and drops the copy's write-back into
-            # the caller's buffer; with a copy_ into it the op writes the buffer itself.
+            # when the graph returns the buffer's contents (e.g. `out * 1`), and drops the
+            # copy's write-back into the caller's buffer; after a copy_ into the buffer the op
+            # writes the buffer itself. Costs one copy of [B, k] per such buffer.
             for t in (out_values, out_indices):
                 if t is not None and not t.is_contiguous():
                     t.copy_(t.clone())
