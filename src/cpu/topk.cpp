@@ -465,10 +465,11 @@ class WorkingMemoryError : public std::bad_alloc {
 /// the steady state allocates nothing; tasks on the pool's threads lease them.
 class CallBuffers {
  public:
-  /// Makes `slots` buffers of reserve_all(candidates, samples) available to lease. Throws
-  /// WorkingMemoryError, with every buffer trimmed, when host memory runs out.
-  void reserve(const TopkProblem& p, std::size_t slots, std::size_t candidates,
-               std::size_t samples) {
+  /// Makes `threads` buffers of reserve_all(candidates, samples) available to lease, one for
+  /// each thread of a parallel_for capped at `threads`. Throws WorkingMemoryError, with every
+  /// buffer trimmed, when host memory runs out.
+  void reserve(const TopkProblem& p, int threads, std::size_t candidates, std::size_t samples) {
+    const auto slots = static_cast<std::size_t>(threads);
     try {
       while (buffers_.size() < slots) buffers_.push_back(std::make_unique<Candidates>());
       for (std::size_t i = 0; i < slots; ++i) buffers_[i]->reserve_all(candidates, samples);
@@ -555,13 +556,14 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
   CallBuffers& buffers = t_buffers;
   // Buffers for as many tasks as run at once; each parallel_for below runs at most that many
   // threads, even if set_num_threads grows the pool during the call.
-  const auto slots = [&](std::int64_t tasks) { return std::min(tasks, threads); };
-  const auto reserved = [&](std::int64_t tasks) { return static_cast<std::size_t>(slots(tasks)); };
+  const auto slots = [&](std::int64_t tasks) {
+    return static_cast<int>(std::min(tasks, threads));
+  };
   if (segments == 1) {
     // Enough rows: a task per group of rows keeps scheduling overhead off short rows.
     const std::int64_t tasks = std::min<std::int64_t>(p.batch, threads * 8);
-    buffers.reserve(p, reserved(tasks), segment_candidates(k, p.row_len),
-                    segment_samples(p.row_len));
+    const int running = slots(tasks);
+    buffers.reserve(p, running, segment_candidates(k, p.row_len), segment_samples(p.row_len));
     pool.parallel_for(tasks, [&](std::int64_t t) {
       const CallBuffers::Lease lease(buffers);
       Candidates& c = *lease;
@@ -572,7 +574,7 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
         order_candidates(c, n, p.order);
         cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
       }
-    }, static_cast<int>(slots(tasks)));
+    }, running);
     buffers.trim();
     return;
   }
@@ -593,7 +595,8 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     throw WorkingMemoryError(p, lists, seg_k * 2 * sizeof(std::uint32_t) + sizeof(std::size_t));
   }
   const std::int64_t seg_len = (p.row_len + segments - 1) / segments;
-  buffers.reserve(p, reserved(tasks), segment_candidates(k, seg_len), segment_samples(seg_len));
+  const int running = slots(tasks);
+  buffers.reserve(p, running, segment_candidates(k, seg_len), segment_samples(seg_len));
   pool.parallel_for(tasks, [&](std::int64_t t) {
     const CallBuffers::Lease lease(buffers);
     Candidates& c = *lease;
@@ -605,11 +608,12 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     std::copy_n(c.score.data(), n, seg_score.data() + t * seg_k);
     std::copy_n(c.col.data(), n, seg_col.data() + t * seg_k);
     seg_count[t] = n;
-  }, static_cast<int>(slots(tasks)));
+  }, running);
   // Phase 2: segments are consecutive column ranges, so their lists concatenate in column
   // order and one more reconstruct gives the row's exact top-k. Its buffers hold every
   // segment's list, reserved before the first row is written.
-  buffers.reserve(p, reserved(p.batch), static_cast<std::size_t>(segments) * seg_k, 0);
+  const int merging = slots(p.batch);
+  buffers.reserve(p, merging, static_cast<std::size_t>(segments) * seg_k, 0);
   pool.parallel_for(p.batch, [&](std::int64_t b) {
     const CallBuffers::Lease lease(buffers);
     Candidates& c = *lease;
@@ -629,7 +633,7 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     }
     order_candidates(c, n, p.order);
     cpu::write_row<Bits>(p, b, c.col.data(), static_cast<std::int64_t>(n));
-  }, static_cast<int>(slots(p.batch)));
+  }, merging);
   buffers.trim();
 }
 
