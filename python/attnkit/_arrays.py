@@ -247,8 +247,7 @@ def resolved(a: Any, name: str) -> Any:
         return a
     if is_torch(a):
         return a.resolve_neg().resolve_conj() if a.is_neg() or a.is_conj() else a
-    if (a is None or isinstance(a, np.ndarray) or not hasattr(type(a), "__dlpack__")
-            or (hasattr(a, "shape") and hasattr(a, "dtype"))):
+    if not is_bare_producer(a) or (hasattr(a, "shape") and hasattr(a, "dtype")):
         return a
     on_cpu = device_of(a, name)[0] == "cpu"
     torch = None if on_cpu else _torch()
@@ -284,8 +283,8 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
                 base = None
             if base is not None and (base.data_ptr() != 0 or base.numel() == 0):
                 a = base  # wrapper subclasses, without memory, keep their name for the refusal
-    if not isinstance(a, np.ndarray) and not is_torch(a):
-        return a  # a DLPack producer: the extension reads its export (rank checked there)
+    if is_bare_producer(a):
+        return a  # the extension reads its export (rank checked there)
     shape = a.shape
     if len(shape) > _MAX_DIMS:
         raise ValueError(f"topk: {name} has {len(shape)} dimensions (shape {tuple(shape)}); "
