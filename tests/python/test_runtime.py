@@ -185,10 +185,16 @@ print("exiting")
 def test_interpreter_exits_cleanly_while_a_daemon_thread_is_inside_topk():
     # At exit Python (before 3.14) ends a daemon thread that waits for the GIL with a forced
     # unwind; coming back from the call with the GIL released, that must not abort the process.
-    for attempt in range(5):
-        out = subprocess.run([sys.executable, "-c", _DAEMON_AT_EXIT], capture_output=True,
-                             text=True, timeout=120)
-        assert (out.returncode, out.stdout.strip()) == (0, "exiting"), \
+    _expect_children_print(_DAEMON_AT_EXIT, "exiting", attempts=5, timeout=120)
+
+
+def _expect_children_print(code: str, expected: str, attempts: int, timeout: float) -> None:
+    """Runs `code` in `attempts` fresh interpreters, one after another (races that show in
+    some runs only), and asserts each exits with 0 having printed `expected`."""
+    for attempt in range(attempts):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=timeout)
+        assert (out.returncode, out.stdout.strip()) == (0, expected), \
             f"attempt {attempt}: exit code {out.returncode}, stderr: {out.stderr[-2000:]}"
 
 
@@ -220,11 +226,7 @@ def test_set_num_threads_while_other_threads_are_inside_topk():
     # another thread meanwhile must not run more tasks at once than it has buffers for (this
     # crashed the process in some runs; the C++ test
     # ThreadPool.ParallelForRunsAtMostTheThreadsAskedFor checks the bound itself).
-    for attempt in range(2):
-        out = subprocess.run([sys.executable, "-c", _RESIZE_DURING_CALLS], capture_output=True,
-                             text=True, timeout=300)
-        assert (out.returncode, out.stdout.strip()) == (0, "wrong 0"), \
-            f"attempt {attempt}: exit code {out.returncode}, stderr: {out.stderr[-2000:]}"
+    _expect_children_print(_RESIZE_DURING_CALLS, "wrong 0", attempts=2, timeout=300)
 
 
 def _child_prints_mib(code: str) -> int:
