@@ -13,9 +13,13 @@ error (reported in one line, without a traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
+import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -34,6 +38,55 @@ class InputError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 _ROW_DTYPES = ("int32", "int64")
+
+
+class _Stream(io.RawIOBase):
+    """A file written front to back, with no position to ask (tell and seek raise): zipfile
+    then writes each member's sizes after its data. A character device (/dev/null) reports
+    position 0 after any write, from which zipfile would compute the archive's offsets."""
+
+    def __init__(self, f) -> None:
+        super().__init__()
+        self._f = f
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        return self._f.write(data)
+
+
+def _write_archive(path: Path, arrays: dict) -> None:
+    """Writes the .npz archive at `path` (the name as given: np.savez would append ".npz")
+    through a temporary file beside it, renamed over `path` once complete, so that a failed
+    write (a full disk) leaves neither a truncated archive nor a damaged earlier file. A path
+    that is not a regular file (/dev/null, a FIFO) is written in place; a symbolic link's
+    target is replaced, keeping the link."""
+    import numpy as np
+
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "wb") as f:
+            np.savez(_Stream(f), **arrays)
+        return
+    if mode is None:  # what open() would create: 0o666 less the umask
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.chmod(tmp, stat.S_IMODE(mode))
+            np.savez(f, **arrays)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _either(names: Sequence[str]) -> str:
@@ -204,9 +257,7 @@ def cmd_topk(args) -> int:
             np.savez(sys.stdout.buffer, **arrays)
             sys.stdout.buffer.flush()
         else:
-            # Through a file object, so that the name is kept as given (np.savez appends ".npz").
-            with open(Path(args.output), "wb") as f:
-                np.savez(f, **arrays)
+            _write_archive(Path(args.output), arrays)
     except OSError as e:
         why = e.strerror or _one_line(e)
         raise InputError(f"--output {args.output}: cannot write: {why}") from None

@@ -204,6 +204,48 @@ def test_topk_command_names_the_working_buffers_when_they_do_not_fit(tmp_path, c
     assert not (tmp_path / "o.npz").exists()
 
 
+def test_a_failed_output_write_leaves_the_earlier_file_whole(tmp_path):
+    # A write that fails part way (a size limit standing in for a full disk) leaves the file
+    # that was there, and no partial archive or temporary file beside it.
+    np.save(tmp_path / "x.npy", np.zeros((2, 10), np.float32))
+    (tmp_path / "o.npz").write_bytes(b"earlier")
+    main = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)); "
+            "from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", main, "topk", "-i", "x.npy", "-k", "1000000",
+                          "-o", "o.npz"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                         timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == "attnkit topk: error: --output o.npz: cannot write: File too large\n"
+    assert (tmp_path / "o.npz").read_bytes() == b"earlier"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.npz", "x.npy"]
+
+
+@pytest.mark.parametrize("kind", ["new", "existing", "link", "device"])
+def test_output_is_written_whole_through_every_kind_of_path(tmp_path, kind, capsys):
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "o.npz"
+    if kind == "existing":
+        out.write_bytes(b"earlier")
+        out.chmod(0o640)
+    elif kind == "link":
+        (tmp_path / "target.npz").write_bytes(b"earlier")
+        out.symlink_to(tmp_path / "target.npz")
+    elif kind == "device":
+        out = "/dev/null"
+    assert cli.main(["topk", "-i", str(tmp_path / "x.npy"), "-k", "3", "-o", str(out)]) == 0
+    capsys.readouterr()
+    if kind == "device":
+        return
+    got = np.load(out)
+    np.testing.assert_array_equal(got["indices"], attnkit.topk(x, 3).indices)
+    if kind == "existing":
+        assert out.stat().st_mode & 0o777 == 0o640  # the earlier file's permissions kept
+    if kind == "link":
+        assert out.is_symlink() and np.load(tmp_path / "target.npz")["indices"].shape == (2, 3)
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+
+
 def test_a_failing_stdout_is_one_line_not_a_traceback():
     # `attnkit info > /dev/full`: the report cannot be written.
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
