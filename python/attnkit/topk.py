@@ -55,20 +55,20 @@ def _integer(name: str, value: Any, rule: str) -> int:
     return value
 
 
-def _real(name: str, value: Any) -> float:
+def _real(value: Any) -> float:
     """`value` as a float64 that rounds to every narrower format as `value` itself would.
 
     A value that float64 holds exactly is returned as is. Any other (an int beyond 2**53, a
     Fraction, a longdouble) is rounded to odd: toward zero, with the lowest mantissa bit set.
     float64 keeps more than two bits beyond every dtype the op takes, so the one rounding to
     nearest even that follows (to x's dtype) gives the correctly rounded value, where rounding
-    to nearest twice could miss it.
+    to nearest twice could miss it. A value beyond float64's range (an int of 10**400) is
+    beyond every such dtype's, and becomes the infinity of its sign, as it would there.
     """
     try:
         f = float(value)
     except OverflowError:
-        shown = repr(value) if len(repr(value)) <= 32 else repr(value)[:29] + "..."
-        raise ValueError(f"topk: {name} = {shown} is outside the float64 range") from None
+        return math.inf if value > 0 else -math.inf
     if type(value) is float or not math.isfinite(f):
         return f
     if isinstance(value, int) and -2**53 <= value <= 2**53:
@@ -264,10 +264,13 @@ def topk(
     torch_module = _arrays._torch()
     # A k that may be traced (t.item() under torch.compile) is left to the op's fake kernel,
     # which checks it without the guard that operator.index would ask for. An int within int64
-    # is what _integer would return, so the compile state is not asked for it.
-    if not (type(k) is int and -2**63 <= k < 2**63) and not (
-            isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
-            and torch_module.compiler.is_compiling()):
+    # is what _integer would return, so the compile state is not asked for it; one beyond is
+    # refused here, compiling or not, since the op's schema takes 64 bits.
+    if type(k) is int:
+        if not -2**63 <= k < 2**63:
+            k = _integer("k", k, "must be in [0, 2^31 - 1]")
+    elif not (isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
+              and torch_module.compiler.is_compiling()):
         k = _integer("k", k, "must be in [0, 2^31 - 1]")
     index_fill = _integer("index_fill", index_fill, "does not fit the int64 indices")
     if not isinstance(largest, (bool, np.bool_)):
@@ -324,7 +327,7 @@ def topk(
             raise RuntimeError(
                 f"topk: {name} is an inference tensor, which torch lets no one write outside "
                 "torch.inference_mode(); call there, or pass a tensor made outside it")
-    fill = None if value_fill is None else _real("value_fill", value_fill)
+    fill = None if value_fill is None else _real(value_fill)
 
     if is_torch(x):
         torch = torch_module

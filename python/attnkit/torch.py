@@ -95,8 +95,11 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
     dtype = str(x.dtype).removeprefix("torch.")
     if dtype not in _arrays.X_DTYPES:
         raise TypeError(f"topk: x.dtype = {dtype}; expected float32, bfloat16 or float16")
-    torch._check_value(k >= 0, lambda: f"topk: k = {k} must be >= 0")
-    torch._check_value(k <= 2**31 - 1, lambda: f"topk: k = {k} must be <= 2^31 - 1")
+    # A data-dependent k (t.item()) has no value while the graph is traced: the check runs
+    # when the graph does, with a message written now.
+    k_is = f"k = {k}" if isinstance(k, int) else "k (read from a tensor when the graph runs)"
+    torch._check_value(k >= 0, lambda: f"topk: {k_is} must be >= 0")
+    torch._check_value(k <= 2**31 - 1, lambda: f"topk: {k_is} must be <= 2^31 - 1")
     order = _choice("sorted", sorted, _ORDERS)
     nan_code = _choice("nan", nan, _NANS)
     ties_code = _choice("ties", ties, _TIES)

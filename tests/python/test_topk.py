@@ -464,6 +464,16 @@ def test_value_fill_rounds_once_from_the_exact_value():
         assert v.view(np.uint16)[1] == want, (fill, hex(int(v.view(np.uint16)[1])))
 
 
+def test_value_fill_beyond_float64_becomes_the_infinity_of_its_sign():
+    # Beyond float64's range is beyond every dtype's: the README's rule (+-inf) applies to an
+    # int or a Fraction that float() cannot take, as it does to 1e300 in float16.
+    for dtype in DTYPES:
+        x = np.zeros(1, dtype)
+        for fill in (10**400, Fraction(10**400, 3), -10**400):
+            v = attnkit.topk(x, 2, value_fill=fill).values
+            assert np.isinf(v[1]) and (v[1] > 0) == (fill > 0), (dtype, v)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_check_false_clamps_ranges(dtype):
     # With checking off, end is clamped into [0, N] and begin into [0, end] (documented).

@@ -393,9 +393,12 @@ def test_inference_tensor_buffers_are_written_only_in_inference_mode():
     assert torch.equal(torch.gather(x, 1, oi), ov)
 
 
-def test_grad_path_names_a_value_fill_out_of_range():
-    with pytest.raises(ValueError, match="topk: value_fill = .* float64 range"):
-        attnkit.topk(torch.randn(2, 5, requires_grad=True), 7, value_fill=10**400)
+def test_grad_path_takes_a_value_fill_beyond_float64_as_infinity():
+    x = torch.randn(2, 5, requires_grad=True)
+    values = attnkit.topk(x, 7, value_fill=-10**400).values
+    assert torch.equal(values[:, 5:], torch.full((2, 2), -torch.inf))
+    values[:, :5].sum().backward()
+    assert torch.equal(x.grad, torch.ones(2, 5))
 
 
 @pytest.mark.parametrize("offset", [False, True])
@@ -712,6 +715,27 @@ def test_compile_fullgraph_with_a_data_dependent_k():
         values, indices = f(x, torch.tensor(k))
         want = torch.topk(x, k)
         assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_compile_refuses_a_k_beyond_int64_by_its_value(fullgraph):
+    # Refused in the traced Python as in eager mode, not passed to the op's 64-bit schema
+    # (whose own error names neither k nor its rule).
+    f = torch.compile(lambda a: attnkit.topk(a, 2**70), fullgraph=fullgraph)
+    with pytest.raises(Exception) as info:
+        f(torch.randn(4, 10))
+    assert "topk: k = 1180591620717411303424 must be in [0, 2^31 - 1]" in str(info.value)
+
+
+def test_compile_names_a_data_dependent_k_that_is_out_of_range():
+    # The value is not known when the check's message is written: it says where k comes from
+    # instead of quoting the tracer's symbol.
+    f = torch.compile(lambda a, kk: attnkit.topk(a, kk.item()), fullgraph=True)
+    for k, rule in ((-1, "must be >= 0"), (2**31, "must be <= 2^31 - 1")):
+        with pytest.raises(Exception) as info:
+            f(torch.randn(4, 10), torch.tensor(k))
+        message = str(info.value)
+        assert f"topk: k (read from a tensor when the graph runs) {rule}" in message, message
 
 
 def test_forward_mode_ad_is_refused_by_name():
