@@ -266,11 +266,10 @@ def topk(
     # which checks it without the guard that operator.index would ask for. An int within int64
     # is what _integer would return, so the compile state is not asked for it; one beyond is
     # refused here, compiling or not, since the op's schema takes 64 bits.
-    if type(k) is int:
-        if not -2**63 <= k < 2**63:
-            k = _integer("k", k, "must be in [0, 2^31 - 1]")
-    elif not (isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
-              and torch_module.compiler.is_compiling()):
+    plain = type(k) is int
+    if not (plain and -2**63 <= k < 2**63) and (plain or not (
+            isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
+            and torch_module.compiler.is_compiling())):
         k = _integer("k", k, "must be in [0, 2^31 - 1]")
     index_fill = _integer("index_fill", index_fill, "does not fit the int64 indices")
     if not isinstance(largest, (bool, np.bool_)):

@@ -435,8 +435,6 @@ def test_bad_x_is_named_before_outputs_are_allocated():
         attnkit.topk(np.zeros((3, 4)), 2**31 - 1)
 
 
-
-
 def test_sparse_torch_x_is_refused_by_name():
     with pytest.raises(TypeError, match="topk: x has layout torch.sparse_coo"):
         attnkit.topk(torch.eye(3).to_sparse(), 1)
