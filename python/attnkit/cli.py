@@ -258,6 +258,8 @@ def cmd_topk(args) -> int:
             sys.stdout.buffer.flush()
         else:
             _write_archive(Path(args.output), arrays)
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: main stops quietly, as for the demo
     except OSError as e:
         why = e.strerror or _one_line(e)
         raise InputError(f"--output {args.output}: cannot write: {why}") from None

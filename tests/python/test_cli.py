@@ -295,6 +295,23 @@ def test_demo_into_a_closed_pipe_stops_quietly():
     assert "Traceback" not in err and "BrokenPipeError" not in err
 
 
+def test_topk_command_into_a_closed_pipe_stops_quietly(tmp_path):
+    # `attnkit topk -o - | head -c 10`: the archive (768 KB) outgrows the pipe's buffer, the
+    # reader leaves, and the command ends as the demo does, with 141 and nothing on stderr.
+    x = make_rows("normal@1", (64, 4000), "float32", rng_for("cli_closed_pipe"))
+    np.save(tmp_path / "x.npy", x)
+    main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
+    command = subprocess.Popen([sys.executable, "-c", main, "topk", "-i", str(tmp_path / "x.npy"),
+                                "-k", "1000", "-o", "-"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.run([sys.executable, "-c", "import sys; sys.stdin.buffer.read(10)"],
+                          stdin=command.stdout, timeout=120)
+    command.stdout.close()
+    err = command.stderr.read().decode()
+    assert command.wait(timeout=120) == 141 and head.returncode == 0, err
+    assert err == "", err
+
+
 def test_topk_command_reads_its_input_from_a_pipe(tmp_path):
     # A pipe cannot be reopened or rewound: the whole file has to come from one read.
     x = make_rows("normal@1", (4, 50), "float32", rng_for("cli_pipe"))
