@@ -55,6 +55,19 @@ def _integer(name: str, value: Any, rule: str) -> int:
     return value
 
 
+def _within_int64(k: int, torch_module: Any) -> bool:
+    """-2^63 <= k < 2^63 for an int k. Under torch.compile a k read from a tensor (an unbacked
+    SymInt, which the tracer also reports as an int) lies within int64 by construction, but its
+    value is known only when the graph runs: there the comparison is asked without a guard,
+    which such a k cannot take, and holds. A constant k is compared as it is."""
+    if torch_module is not None and torch_module.compiler.is_compiling():
+        from torch.fx.experimental import symbolic_shapes
+        holds = getattr(symbolic_shapes, "guard_or_true", None)  # torch >= 2.7
+        if holds is not None:
+            return holds(k >= -2**63) and holds(k < 2**63)
+    return -2**63 <= k < 2**63
+
+
 def _real(value: Any) -> float:
     """`value` as a float64 that rounds to every narrower format as `value` itself would.
 
@@ -264,10 +277,10 @@ def topk(
     torch_module = _arrays._torch()
     # A k that may be traced (t.item() under torch.compile) is left to the op's fake kernel,
     # which checks it without the guard that operator.index would ask for. An int within int64
-    # is what _integer would return, so the compile state is not asked for it; one beyond is
-    # refused here, compiling or not, since the op's schema takes 64 bits.
+    # is what _integer would return; one beyond is refused here, compiling or not, since the
+    # op's schema takes 64 bits.
     plain = type(k) is int
-    if not (plain and -2**63 <= k < 2**63) and (plain or not (
+    if not (plain and _within_int64(k, torch_module)) and (plain or not (
             isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
             and torch_module.compiler.is_compiling())):
         k = _integer("k", k, "must be in [0, 2^31 - 1]")

@@ -707,10 +707,15 @@ def test_compile_refuses_a_list_end_as_eager_does(fullgraph):
         f(torch.randn(4, 10))
 
 
-def test_compile_fullgraph_with_a_data_dependent_k():
-    # k read from a tensor (.item()) is traced as an unbacked SymInt: no guard on its value.
+@pytest.mark.parametrize("source", ["item", "sum", "count", "tolist"])
+def test_compile_fullgraph_with_a_data_dependent_k(source):
+    # k read from a tensor is traced as an unbacked SymInt: no guard on its value, whether the
+    # tensor is a graph input (whose int64 range the tracer knows) or computed in the graph.
+    read = {"item": lambda t: t.item(), "sum": lambda t: t.sum().item(),
+            "count": lambda t: (torch.arange(10) < t).sum().item(),
+            "tolist": lambda t: t.view(1).tolist()[0]}[source]
     x = torch.randn(4, 10)
-    f = torch.compile(lambda a, kk: attnkit.topk(a, kk.item(), sorted=True), fullgraph=True)
+    f = torch.compile(lambda a, kk: attnkit.topk(a, read(kk), sorted=True), fullgraph=True)
     for k in (3, 5):
         values, indices = f(x, torch.tensor(k))
         want = torch.topk(x, k)
