@@ -60,23 +60,27 @@ def _write_archive(path: Path, arrays: dict) -> None:
     """Writes the .npz archive at `path` (the name as given: np.savez would append ".npz")
     through a temporary file beside it, renamed over `path` once complete, so that a failed
     write (a full disk) leaves neither a truncated archive nor a damaged earlier file. A path
-    that is not a regular file (/dev/null, a FIFO) is written in place; a symbolic link's
-    target is replaced, keeping the link."""
+    that is not a regular file (/dev/null, a FIFO) or that names an open descriptor
+    (/dev/stderr, /dev/fd/3, whose file the caller opened to be written, not replaced) is
+    written in place; a symbolic link's target is replaced, keeping the link."""
     import numpy as np
 
-    target = Path(os.path.realpath(path))
     try:
-        mode = os.stat(target).st_mode
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
         mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        with open(path, "wb") as f:
+    descriptor = _names_descriptor(path)
+    if descriptor or (mode is not None and not stat.S_ISREG(mode)):
+        # A descriptor's file is appended to, as its writes would be, not truncated at open
+        # (`2>> log` keeps the log).
+        with open(path, "ab" if descriptor else "wb") as f:
             np.savez(_Stream(f), **arrays)
         return
     if mode is None:  # what open() would create: 0o666 less the umask
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
+    target = Path(os.path.realpath(path))
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -87,6 +91,35 @@ def _write_archive(path: Path, arrays: dict) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+_DESCRIPTOR_PATH = re.compile(r"/(dev/(fd/|std(in|out|err)$)|proc/[^/]+/fd/)")
+
+
+def _names_descriptor(path) -> bool:
+    """Whether `path`, or a link on the way from it to its file, names an open file descriptor
+    (/dev/stdout, /dev/fd/N, /proc/self/fd/N). Such a link to a pipe resolves to no path."""
+    p = os.path.abspath(path)
+    for _ in range(40):  # the kernel's limit on links followed
+        if _DESCRIPTOR_PATH.match(p):
+            return True
+        try:
+            link = os.readlink(p)
+        except OSError:  # not a link, or missing
+            return False
+        p = os.path.normpath(os.path.join(os.path.dirname(p), link))
+    return False
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether `path` names the file that standard output writes (/dev/stdout, /dev/fd/1, or
+    the file it was redirected to): the archive then goes there as with `-`, and the summary
+    line to stderr."""
+    try:
+        here, out = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False  # no such file, or stdout closed or not a file descriptor
+    return (here.st_dev, here.st_ino) == (out.st_dev, out.st_ino)
 
 
 def _either(names: Sequence[str]) -> str:
@@ -215,7 +248,7 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
-    to_stdout = args.output == "-"
+    to_stdout = args.output == "-" or _is_stdout(args.output)
     if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
         raise InputError("--output -: standard output is closed")
     for name, flag in _FILE_ARRAYS:

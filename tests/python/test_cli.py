@@ -246,6 +246,45 @@ def test_output_is_written_whole_through_every_kind_of_path(tmp_path, kind, caps
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("path", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+@pytest.mark.parametrize("stdout", ["pipe", "file"])
+def test_an_output_path_naming_stdout_is_written_as_dash(tmp_path, path, stdout):
+    # The archive goes where standard output goes, a pipe (whose descriptor link resolves to no
+    # path) or a redirected file, and the summary line to stderr, out of the archive.
+    x = np.arange(30, dtype=np.float32).reshape(3, 10)
+    np.save(tmp_path / "x.npy", x)
+    argv = [sys.executable, "-m", "attnkit", "topk", "-i", str(tmp_path / "x.npy"), "-k", "4",
+            "-o", path]
+    if stdout == "pipe":
+        run = subprocess.run(argv, capture_output=True, timeout=120)
+        archive = run.stdout
+    else:
+        with open(tmp_path / "out.npz", "wb") as f:
+            run = subprocess.run(argv, stdout=f, stderr=subprocess.PIPE, timeout=120)
+        archive = (tmp_path / "out.npz").read_bytes()
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stderr.decode().startswith("stdout: values float32 [3, 4], indices int64 [3, 4]")
+    got = np.load(io.BytesIO(archive))
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 4), f"topk -o {path}")
+
+
+def test_an_output_path_naming_another_descriptor_writes_into_it(tmp_path):
+    # /dev/fd/N of a pipe: written in place, not replaced through a temporary file beside it.
+    x = np.arange(30, dtype=np.float32).reshape(3, 10)
+    np.save(tmp_path / "x.npy", x)
+    r, w = os.pipe()
+    with os.fdopen(r, "rb") as reader:
+        with os.fdopen(w, "wb") as writer:  # closed once the command is done: the reader ends
+            run = subprocess.run([sys.executable, "-m", "attnkit", "topk", "-i",
+                                  str(tmp_path / "x.npy"), "-k", "4", "-o", f"/dev/fd/{w}"],
+                                 pass_fds=(writer.fileno(),), capture_output=True, timeout=120)
+        archive = reader.read()
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode().startswith(f"/dev/fd/{w}: values float32 [3, 4]")
+    got = np.load(io.BytesIO(archive))
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 4), "topk -o /dev/fd/N")
+
+
 def test_a_failing_stdout_is_one_line_not_a_traceback():
     # `attnkit info > /dev/full`: the report cannot be written.
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
