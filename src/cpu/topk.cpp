@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -110,10 +111,23 @@ struct FilterResult {
 /// holds too wherever the bound of threshold + 1 exists, so values tied with the threshold are
 /// not marked. Comparing floats costs fewer vector instructions than computing scores, so
 /// blocks are tested with it first.
+/// At or above the best number's score (+inf's, or -inf's when smallest) no number beats the
+/// threshold, and the bound is a NaN, which no ordered comparison passes: only NaNs are marked,
+/// where the threshold's own bound would mark its every tie (a row of +inf, a NaN a column).
 template <class Traits>
 float prefilter_bound(std::uint32_t threshold, ScoreParams sp) {
   bool numbers_exact;
-  return to_float<Traits>(prefilter_tight_bound_bits<Traits>(threshold, sp, numbers_exact));
+  const std::uint32_t bits = prefilter_tight_bound_bits<Traits>(threshold, sp, numbers_exact);
+  return numbers_exact ? to_float<Traits>(bits) : std::numeric_limits<float>::quiet_NaN();
+}
+
+/// The highest score an element can have: NaN's, or the best number's when NaN ranks below it
+/// (largest=False) or is ignored.
+template <class Traits>
+std::uint32_t best_score(ScoreParams sp) {
+  const std::uint32_t best_number =
+      (sp.flip == 0 ? Traits::kSign + Traits::kInf : Traits::kSign - Traits::kInf) ^ sp.flip;
+  return std::max(best_number, sp.nan_score);
 }
 
 /// Whether element j of a block may beat the threshold: a superset test (prefilter_bound).
@@ -379,6 +393,8 @@ std::size_t filter_row(const typename Traits::Bits* row, std::int64_t lo, std::i
     if (n >= limit) {
       threshold = reconstruct(c, n, k, Traits::kBits);
       n = k;
+      // k kept at the best score there is: no later column beats them or wins a tie.
+      if (threshold >= best_score<Traits>(sp)) break;
     }
   }
   return n;

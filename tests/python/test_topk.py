@@ -190,8 +190,8 @@ def spiky_rows(rows: int, cols: int, dtype: str, rng) -> np.ndarray:
 
 
 LONG_CASES = [(3, 20000), (1, 40000), (1, 70001), (2, 131071)]
-LONG_DISTS = ("normal@1", "ties4", "all_equal", "ascending", "descending", "nan", "denormal",
-              "spiky")
+LONG_DISTS = ("normal@1", "ties4", "all_equal", "ascending", "descending", "nan", "inf",
+              "denormal", "spiky")
 
 
 @pytest.mark.parametrize("dist", LONG_DISTS)
@@ -211,6 +211,28 @@ def test_long_rows(rows, cols, dtype, dist):
         check_topk(x, k, largest=largest, sorted=sorted_mode,
                    context=describe(B=rows, N=cols, dtype=dtype, dist=dist, k=k,
                                     largest=largest, sorted=sorted_mode))
+
+
+@pytest.mark.parametrize("fill", ["nan", "+inf", "-inf"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_rows_mostly_at_the_best_score(dtype, fill):
+    # Rows whose k-th best is the best score there is (NaN's, or an infinity's): nothing after
+    # the first k such columns can enter, and only a NaN beats an infinity. One NaN planted in
+    # the last column of each row tests that the scan still looks for it.
+    rng = rng_for("best_score", dtype, fill)
+    rows, cols = 3, 70001
+    x = make_rows("normal@1", (rows, cols), dtype, rng)
+    mask = rng.random((rows, cols)) < 0.6
+    x[mask] = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf}[fill]
+    planted = x.copy()
+    planted[:, -1] = np.nan
+    for a in (x, planted):
+        for k in (1, 50, 2048):
+            for largest in (True, False):
+                for nan in ("largest", "ignore"):
+                    check_topk(a, k, largest=largest, nan=nan, sorted="index",
+                               context=describe(dtype=dtype, fill=fill, k=k, largest=largest,
+                                                nan=nan, planted=a is planted))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
