@@ -86,6 +86,10 @@ void check_storage(const char* op, const char* arg, const TensorView& t) {
     }
   }
   if (t.numel() == 0) return;
+  if (t.data == nullptr && t.ndim == 0) {  // what a default-constructed TensorView holds
+    fail(ErrorCode::kValue, op,
+         std::string(arg) + " is not set (a 0-d view with a null data pointer); it is required");
+  }
   if (t.data == nullptr) {
     fail(ErrorCode::kValue, op,
          std::string(arg) + " has " + std::to_string(t.numel()) +

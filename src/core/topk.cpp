@@ -3,7 +3,9 @@
 // the backend of the tensors' device. No computation happens here.
 #include "attnkit/topk.hpp"
 
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -111,9 +113,10 @@ void topk_with_workspace(void* workspace, std::size_t& workspace_bytes, const To
                                        " bytes this call needs");
   }
   if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
+    char address[2 + 2 * sizeof(std::uintptr_t) + 1];
+    std::snprintf(address, sizeof address, "%#" PRIxPTR, reinterpret_cast<std::uintptr_t>(workspace));
     throw Error(ErrorCode::kValue,
-                "topk: workspace = " + std::to_string(reinterpret_cast<std::uintptr_t>(workspace)) +
-                    " is not aligned to 256 bytes");
+                std::string("topk: workspace = ") + address + " is not aligned to 256 bytes");
   }
   run(p, workspace, workspace_bytes, stream);
 }

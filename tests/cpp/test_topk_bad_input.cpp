@@ -161,6 +161,17 @@ TEST_F(TopkBadInput, XNullData) {
   expect_error(t, options(), ErrorCode::kValue, {"x has 30 elements", "null data pointer"});
 }
 
+TEST_F(TopkBadInput, UnsetRequiredViews) {
+  // A default TensorView (0-d, no data) where a tensor is required: named as unset, not as a
+  // one-element view.
+  TopkTensors t = valid();
+  t.x = TensorView{};
+  expect_error(t, options(), ErrorCode::kValue, {"x is not set", "required"});
+  t = valid();
+  t.out_indices = TensorView{};
+  expect_error(t, options(), ErrorCode::kValue, {"out_indices is not set", "required"});
+}
+
 TEST_F(TopkBadInput, XUnsupportedDType) {
   for (DType d : {DType::kInt32, DType::kInt64, DType::kFloat64, DType::kInt8, DType::kUInt8,
                   DType::kInt16, DType::kUInt16, DType::kUInt32, DType::kUInt64, DType::kBool}) {

@@ -335,6 +335,13 @@ def test_compile_fullgraph_one_out_buffer(given):
     assert torch.equal(buf, want.values if given == "values" else want.indices)
 
 
+# torch 2.15 deprecates TorchScript, which these tests call on purpose (jit.trace) or reach
+# through torch.func.linearize (jit.script).
+_JIT_DEPRECATED = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.(trace|script)` is deprecated:FutureWarning")
+
+
+@_JIT_DEPRECATED
 def test_traced_and_transformed_calls_record_the_op():
     # jit.trace, make_fx (real and fake) and vmap see the op, not an eager write they miss.
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -743,6 +750,7 @@ def test_compile_names_a_data_dependent_k_that_is_out_of_range():
         assert f"topk: k (read from a tensor when the graph runs) {rule}" in message, message
 
 
+@_JIT_DEPRECATED
 def test_forward_mode_ad_is_refused_by_name():
     import torch.autograd.forward_ad as forward_ad
 
