@@ -38,7 +38,8 @@ outside CUDA graphs and torch.compile pays a call, Python and launch overhead in
 
 --case replaces the case list by the given shapes (repeatable): dtype bf16, f16 or f32;
 "causal" gives row b of the last B queries of an N-key context end[b] = N - B + 1 + b; the
-pattern is one of normal, dsa, ascending, ties (default: dsa for 16-bit types, normal for f32).
+pattern is one of normal, dsa, ascending, ties, inf (60 % +inf) (default: dsa for 16-bit types,
+normal for f32).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def make_input(pattern: str, batch: int, n: int, dtype: torch.dtype, gen: torch.
         x = x / n + torch.rand(batch, 1, device="cuda", generator=gen)
     elif pattern == "ties":
         x = torch.randint(0, 4, (batch, n), device="cuda", generator=gen).float()
+    elif pattern == "inf":
+        # Mostly +inf (60 %): the k-th best is +inf, which only a NaN could beat.
+        x = torch.randn(batch, n, device="cuda", generator=gen)
+        x = x.masked_fill(torch.rand(batch, n, device="cuda", generator=gen) < 0.6, float("inf"))
     else:
         raise ValueError(pattern)
     return x.to(dtype)
@@ -100,7 +105,7 @@ def cases(quick: bool):
 
 
 _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-_PATTERNS = ("normal", "dsa", "ascending", "ties")
+_PATTERNS = ("normal", "dsa", "ascending", "ties", "inf")
 
 
 def parse_case(spec: str):
