@@ -114,7 +114,8 @@ void topk_with_workspace(void* workspace, std::size_t& workspace_bytes, const To
   }
   if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
     char address[2 + 2 * sizeof(std::uintptr_t) + 1];
-    std::snprintf(address, sizeof address, "%#" PRIxPTR, reinterpret_cast<std::uintptr_t>(workspace));
+    std::snprintf(address, sizeof address, "%#" PRIxPTR,
+                  reinterpret_cast<std::uintptr_t>(workspace));
     throw Error(ErrorCode::kValue,
                 std::string("topk: workspace = ") + address + " is not aligned to 256 bytes");
   }
