@@ -460,21 +460,6 @@ void order_candidates(Candidates& c, std::size_t n, TopkOrder order) {
   for (std::size_t i = 0; i < n; ++i) c.col[i] = ~static_cast<std::uint32_t>(c.bucket[i]);
 }
 
-/// std::bad_alloc naming what a call's working buffers needed (Python: MemoryError):
-/// `count` buffers of `each` bytes.
-class WorkingMemoryError : public std::bad_alloc {
- public:
-  WorkingMemoryError(const TopkProblem& p, std::size_t count, std::size_t each)
-      : message_("topk: out of host memory for the CPU backend's working buffers: " +
-                 std::to_string(count) + " x " + std::to_string(each) + " bytes (k = " +
-                 std::to_string(p.k) + ", N = " + std::to_string(p.row_len) + ", B = " +
-                 std::to_string(p.batch) + "); no output was written") {}
-  const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
-
 /// The working buffers of one call: a Candidates for each task that may run at once, all
 /// reserved before the call writes any row, so that running out of memory leaves the outputs
 /// as they were. Owned by the calling thread (t_buffers) and kept between its calls, so that
@@ -497,7 +482,7 @@ class CallBuffers {
       free_.clear();
       const std::size_t each = candidates * (2 * sizeof(std::uint32_t) + sizeof(std::uint64_t)) +
                                samples * sizeof(std::uint32_t);
-      throw WorkingMemoryError(p, slots, each);
+      throw cpu::WorkingMemoryError(p, slots, each);
     }
   }
 
@@ -608,7 +593,7 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     seg_col.resize(lists * seg_k);
     seg_count.resize(lists);
   } catch (const std::bad_alloc&) {
-    throw WorkingMemoryError(p, lists, seg_k * 2 * sizeof(std::uint32_t) + sizeof(std::size_t));
+    throw cpu::WorkingMemoryError(p, lists, seg_k * 2 * sizeof(std::uint32_t) + sizeof(std::size_t));
   }
   const std::int64_t seg_len = (p.row_len + segments - 1) / segments;
   const int running = slots(tasks);

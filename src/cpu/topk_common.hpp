@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
+#include <string>
 
 #include "common/topk_index.hpp"
 #include "core/topk_problem.hpp"
@@ -24,6 +26,21 @@ inline RowRange row_range(const TopkProblem& p, std::int64_t b) {
   const std::int64_t lo = std::clamp<std::int64_t>(host_row_value(p.begin, b, 0), 0, hi);
   return {lo, hi};
 }
+
+/// std::bad_alloc naming what a call's working buffers needed (Python: MemoryError):
+/// `count` buffers of `each` bytes.
+class WorkingMemoryError : public std::bad_alloc {
+ public:
+  WorkingMemoryError(const TopkProblem& p, std::size_t count, std::size_t each)
+      : message_("topk: out of host memory for the CPU backend's working buffers: " +
+                 std::to_string(count) + " x " + std::to_string(each) + " bytes (k = " +
+                 std::to_string(p.k) + ", N = " + std::to_string(p.row_len) + ", B = " +
+                 std::to_string(p.batch) + "); no output was written") {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
 
 /// Writes row b of the outputs from `count` selected columns in output order, then pads.
 template <class Bits>

@@ -4,6 +4,7 @@
 // the fast paths to it.
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "attnkit/error.hpp"
@@ -22,8 +23,24 @@ void reference_rows(const TopkProblem& p) {
     std::uint32_t score;
     std::uint32_t col;
   };
+  // Reserved for the longest range before any row is written, so that running out of memory
+  // leaves the outputs as they were.
+  std::int64_t longest = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const cpu::RowRange r = cpu::row_range(p, b);
+    longest = std::max(longest, r.hi - r.lo);
+  }
+  const auto items_max = static_cast<std::size_t>(longest);
+  const std::size_t cols_max = std::min(items_max, static_cast<std::size_t>(p.k));
   std::vector<Item> items;
   std::vector<std::uint32_t> cols;
+  try {
+    items.reserve(items_max);
+    cols.reserve(cols_max);
+  } catch (const std::bad_alloc&) {
+    throw cpu::WorkingMemoryError(p, 1,
+                                  items_max * sizeof(Item) + cols_max * sizeof(std::uint32_t));
+  }
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const cpu::RowRange r = cpu::row_range(p, b);
     const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;

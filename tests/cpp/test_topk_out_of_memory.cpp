@@ -49,6 +49,7 @@ struct Case {
   const char* name;
   std::int64_t batch, row_len, k;
   attnkit::TopkOrder order;
+  attnkit::TopkBackend backend = attnkit::TopkBackend::kAuto;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -95,7 +96,7 @@ TEST_P(TopkOutOfMemory, NothingIsWrittenWhenAnAllocationFails) {
   o.sorted = c.order;
   o.backend = attnkit::TopkBackend::kReference;
   attnkit::topk(t, o);
-  o.backend = attnkit::TopkBackend::kAuto;
+  o.backend = c.backend;
   t.out_values = TensorView::make(values.data(), DType::kFloat32, cpu, {c.batch, c.k});
   t.out_indices = TensorView::make(indices.data(), DType::kInt64, cpu, {c.batch, c.k});
 
@@ -128,7 +129,11 @@ INSTANTIATE_TEST_SUITE_P(
         // Fewer rows than threads: rows cut into segments, then merged row by row.
         Case{"segments", 2, 200000, 3000, attnkit::TopkOrder::kIndex},
         // Short rows whose k exceeds the direct select: reconstructs with a histogram.
-        Case{"short_rows", 64, 3000, 700, attnkit::TopkOrder::kValue}),
+        Case{"short_rows", 64, 3000, 700, attnkit::TopkOrder::kValue},
+        // The reference backend, which writes row by row: its buffers are sized for the
+        // longest row before the first is written.
+        Case{"reference", 6, 5000, 40, attnkit::TopkOrder::kIndex,
+             attnkit::TopkBackend::kReference}),
     [](const ::testing::TestParamInfo<Case>& param) { return std::string(param.param.name); });
 
 }  // namespace
