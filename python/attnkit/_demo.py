@@ -703,6 +703,27 @@ def run(args) -> int:
             bar.refresh()
             results.append(r)
     timed = [r for r in results if r.check != "ERROR"]
+    failed = [r for r in results if r.check != "ok"]
+    # Written before the table, so that a reader of stdout that leaves early (`| head -1`)
+    # does not take the file with it.
+    if args.json:
+        doc = {
+            "machine": info,
+            "device": device,
+            "quick": bool(args.quick),
+            "repeats": repeats,
+            "warmup": args.warmup,
+            "seed": args.seed,
+            "cases": [r.to_json() for r in results],
+            "issue_cases": [r.to_json() for r in results if r.case.issue],
+            "failures": len(failed),
+        }
+        try:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+        except OSError as e:
+            raise DemoUsageError(f"--json {args.json}: {e.strerror or e}") from None
     print()
     print(gpu_table(timed) if device == "cuda" else cpu_table(timed))
     print()
@@ -723,7 +744,6 @@ def run(args) -> int:
     if issue:
         print("Tracked cases (the -issue ones; attnkit speed-up):")
         print("\n".join(issue))
-    failed = [r for r in results if r.check != "ok"]
     for r in results:
         for w in r.warnings:
             print(f"warning: {r.case.name}: {w}")
@@ -732,22 +752,5 @@ def run(args) -> int:
     print(f"checks: {len(results) - len(failed)} of {len(results)} cases match the reference")
 
     if args.json:
-        doc = {
-            "machine": info,
-            "device": device,
-            "quick": bool(args.quick),
-            "repeats": repeats,
-            "warmup": args.warmup,
-            "seed": args.seed,
-            "cases": [r.to_json() for r in results],
-            "issue_cases": [r.to_json() for r in results if r.case.issue],
-            "failures": len(failed),
-        }
-        try:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=2)
-                f.write("\n")
-        except OSError as e:
-            raise DemoUsageError(f"--json {args.json}: {e.strerror or e}") from None
         print(f"wrote {args.json}")
     return 1 if failed else 0

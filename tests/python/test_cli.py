@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import attnkit
-from attnkit import cli
+from attnkit import _demo, cli
 from conftest import assert_same_result, make_rows, rng_for
 
 
@@ -312,19 +312,20 @@ def test_output_to_a_closed_stdout_is_a_usage_error(tmp_path):
 ])
 def test_demo_device_cuda_says_what_is_missing(monkeypatch, cuda_build, gpu_visible, fragment):
     # Rebuilding with CUDA is suggested only where a GPU could then run it.
-    from attnkit import _demo
-
     monkeypatch.setattr(_demo._ext, "cuda_available_in_build", lambda: cuda_build)
     monkeypatch.setattr(_demo, "_torch_for_cuda", lambda: object() if gpu_visible else None)
     with pytest.raises(_demo.DemoUsageError, match=fragment):
         _demo.choose_device("cuda")
 
 
-def test_demo_into_a_closed_pipe_stops_quietly():
-    # `attnkit demo | head -1`: the reader leaves after one line; no traceback follows.
+def test_demo_into_a_closed_pipe_stops_quietly(tmp_path):
+    # `attnkit demo --json r.json | head -1`: the reader leaves after one line; no traceback
+    # follows, and the JSON file asked for is still written whole.
     reader = "import sys; sys.stdin.readline()"
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
-    demo = subprocess.Popen([sys.executable, "-c", main, "demo", "--quick", "--no-progress"],
+    report = tmp_path / "r.json"
+    demo = subprocess.Popen([sys.executable, "-c", main, "demo", "--quick", "--no-progress",
+                             "--json", str(report)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
     head = subprocess.run([sys.executable, "-c", reader], stdin=demo.stdout, timeout=120)
@@ -332,6 +333,8 @@ def test_demo_into_a_closed_pipe_stops_quietly():
     err = demo.stderr.read().decode()
     assert demo.wait(timeout=120) == 141 and head.returncode == 0
     assert "Traceback" not in err and "BrokenPipeError" not in err
+    doc = json.loads(report.read_text())
+    assert doc["failures"] == 0 and len(doc["cases"]) == len(_demo.select_cases(None, "cpu"))
 
 
 def test_topk_command_into_a_closed_pipe_stops_quietly(tmp_path):
