@@ -413,14 +413,29 @@ def empty_with_view(ref: Any, ref_view: Any, shape: tuple[int, ...], dtype: str,
     return out, raw_view(out, name, writable=True)
 
 
+def is_jax(a: Any) -> bool:
+    """Whether `a` is a JAX array (read through DLPack, returned through jax.numpy)."""
+    return type(a).__module__.split(".")[0] in ("jax", "jaxlib")
+
+
+def jax_keeps_int64() -> bool:
+    """Whether JAX holds int64 arrays: only with jax_enable_x64, else jax.numpy narrows them
+    to int32 without a word."""
+    import jax
+
+    try:
+        return bool(jax.config.read("jax_enable_x64"))
+    except Exception:  # an older config without read()
+        return bool(getattr(jax.config, "jax_enable_x64", False))
+
+
 def to_caller(result: Any, ref: Any) -> Any:
     """`result` (allocated by `empty_with_view`) in ref's framework: unchanged for NumPy, torch
     and CuPy; converted for other frameworks that only lent their arrays through DLPack (e.g.
     JAX)."""
     if isinstance(ref, np.ndarray) or is_torch(ref) or isinstance(result, type(ref)):
         return result
-    module = type(ref).__module__.split(".")[0]
-    if module in ("jax", "jaxlib"):
+    if is_jax(ref):
         import jax.numpy as jnp
 
         return jnp.asarray(result)

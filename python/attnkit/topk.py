@@ -182,8 +182,9 @@ def topk(
     begin, end : array of shape [B], int32 or int64, optional
         Row b's valid range is ``[begin[b], end[b])`` (defaults 0 and N), on x's device.
     indices_dtype : "int32" or "int64" (or a NumPy/torch dtype, or a code such as "i4"), optional
-        Dtype of the returned indices (default int64). With ``out_indices`` it may be left
-        out; given, it must be ``out_indices``' dtype (ValueError otherwise).
+        Dtype of the returned indices (default int64; int32 for a JAX x while
+        ``jax_enable_x64`` is off, where int64 raises ValueError). With ``out_indices`` it may
+        be left out; given, it must be ``out_indices``' dtype (ValueError otherwise).
     return_values : bool
         Return the values too (default). With False the first result is None.
     out_values, out_indices : array of shape [B, k] ([k] for x of shape [N]), optional
@@ -297,6 +298,10 @@ def topk(
     # A bare DLPack argument is read or written as it exports itself: shape or dtype attributes
     # that say otherwise are refused by its name (as for x), not quoted in other errors.
     exported_index = None
+    for name, out in (("out_values", out_values), ("out_indices", out_indices)):
+        if out is not None and _arrays.is_jax(out):  # its export does not say so
+            raise ValueError(f"topk: {name} is a JAX array, which is immutable; outputs must be "
+                             f"writable (leave {name} out to get a JAX array back)")
     for name, a in (("begin", begin), ("end", end), ("index_offset", index_offset),
                     ("out_values", out_values)):
         if a is not None and _arrays.is_bare_producer(a):
@@ -304,13 +309,20 @@ def topk(
     if out_indices is not None and _arrays.is_bare_producer(out_indices):
         exported_index = _arrays.dlpack_layout(out_indices, "out_indices")[1]
     index_name = None
+    # JAX without jax_enable_x64 holds no int64 array: its indices are int32 unless asked for.
+    narrow = out_indices is None and _arrays.is_jax(x) and not _arrays.jax_keeps_int64()
     if out_indices is None or indices_dtype is not None:
         try:
-            index_name = _arrays.dtype_name("int64" if indices_dtype is None else indices_dtype)
+            index_name = _arrays.dtype_name(
+                ("int32" if narrow else "int64") if indices_dtype is None else indices_dtype)
         except TypeError:
             pass
         if index_name not in ("int32", "int64"):
             raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
+        if narrow and index_name == "int64":
+            raise ValueError("topk: indices_dtype = int64, but x is a JAX array and "
+                             "jax_enable_x64 is off, so jax.numpy would narrow the indices to "
+                             "int32; enable jax_enable_x64 or pass indices_dtype='int32'")
     if out_indices is not None and index_name is not None:
         buffer_index = exported_index
         if buffer_index is None:

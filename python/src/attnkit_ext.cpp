@@ -169,13 +169,21 @@ struct ManagedTensorVersioned {
 
 /// obj.__dlpack__()'s capsule, asked for as nanobind's import asks: a versioned one first for
 /// an output (its flags say whether it is writable), an unversioned one first for an input; the
-/// other kind when the producer refuses with BufferError or TypeError. Raises the producer's
-/// own error.
+/// other kind when the producer refuses with BufferError or TypeError. An output is asked for
+/// with copy=False first (the array API's keyword; producers without it raise TypeError), since
+/// a copy would take the results away. Raises the producer's own error.
 nb::object export_capsule(nb::handle obj, bool writable) {
   const nb::object dlpack = obj.attr("__dlpack__");
   auto call = [&](bool versioned) {
     return versioned ? dlpack(nb::arg("max_version") = nb::make_tuple(1, 1)) : dlpack();
   };
+  if (writable) {
+    try {
+      return dlpack(nb::arg("max_version") = nb::make_tuple(1, 1), nb::arg("copy") = false);
+    } catch (const nb::python_error& e) {
+      if (!e.matches(PyExc_TypeError)) throw;
+    }
+  }
   try {
     return call(writable);
   } catch (const nb::python_error& e) {
@@ -188,7 +196,7 @@ nb::object export_capsule(nb::handle obj, bool writable) {
 /// name (one already consumed, say), a DLPack major version other than 0 or 1, a negative ndim
 /// or a null shape would otherwise be read as they are. More dimensions than attnkit takes
 /// raise check_ndim's error for `name`, before the import reads them.
-std::string capsule_problem(const nb::object& capsule, const char* name) {
+std::string capsule_problem(const nb::object& capsule, const char* name, bool writable) {
   if (!PyCapsule_CheckExact(capsule.ptr())) {
     return "its __dlpack__ returned " +
            nb::cast<std::string>(nb::str(capsule.type().attr("__name__"))) +
@@ -205,7 +213,12 @@ std::string capsule_problem(const nb::object& capsule, const char* name) {
         static_cast<ManagedTensorVersioned*>(PyCapsule_GetPointer(capsule.ptr(), cname));
     if (mt != nullptr && mt->major != 1) {
       return "its capsule is of DLPack version " + std::to_string(mt->major) + "." +
-             std::to_string(mt->minor) + "; attnkit reads versions 0 and 1";
+             std::to_string(mt->minor) + "; attnkit reads version 1 and unversioned capsules";
+    }
+    constexpr std::uint64_t kIsCopied = 1u << 1;  // DLPACK_FLAG_BITMASK_IS_COPIED
+    if (mt != nullptr && writable && (mt->flags & kIsCopied) != 0) {
+      return "its export is a copy (DLPack flag IS_COPIED), which the results would be written "
+             "to instead of it";
     }
     if (mt != nullptr) t = &mt->dl_tensor;
   } else {
@@ -220,6 +233,19 @@ std::string capsule_problem(const nb::object& capsule, const char* name) {
   check_ndim(static_cast<std::size_t>(t->ndim), name);
   if (t->ndim > 0 && t->shape == nullptr) {
     return "its tensor has ndim = " + std::to_string(t->ndim) + " and a null shape";
+  }
+  if (t->data == nullptr && t->byte_offset != 0) {
+    // The import would hand on null + byte_offset, which no null check then sees.
+    std::int64_t numel = 1;
+    for (std::int32_t d = 0; d < t->ndim; ++d) {
+      const std::int64_t size = t->shape[d];
+      if (size <= 0) return "";  // no element, or a size the checks refuse by name
+      numel = numel > INT64_MAX / size ? INT64_MAX : numel * size;
+    }
+    throw attnkit::Error(attnkit::ErrorCode::kValue,
+                         "topk: " + std::string(name) + " has " + std::to_string(numel) +
+                             " elements but a null data pointer (byte_offset " +
+                             std::to_string(t->byte_offset) + ")");
   }
   return "";
 }
@@ -246,7 +272,9 @@ TensorView view_from_dlpack(nb::handle obj, const char* name, Imports& imports, 
                                   : why) +
                      ")");
   }
-  if (const std::string why = capsule_problem(capsule, name); !why.empty()) throw not_dlpack(why);
+  if (const std::string why = capsule_problem(capsule, name, writable); !why.empty()) {
+    throw not_dlpack(why);
+  }
   auto import_as = [&](auto& array) {
     try {
       return nb::try_cast(capsule, array);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Tuple
 
@@ -510,20 +511,25 @@ class _HandMadeCapsule:
     """A producer with only __dlpack__, whose capsule describes a float32 [rows, cols] tensor
     over `buf` with the given element strides and, if `null`, no data pointer. The header may
     be broken on purpose: `ndim` other than 2, no shape (`null_shape`), a versioned capsule of
-    DLPack `version` (major, minor), a capsule `name` of another kind."""
+    DLPack `version` (major, minor) and `flags`, a capsule `name` of another kind, a
+    `byte_offset`. The keyword arguments of each __dlpack__ call are kept in `calls`."""
 
     def __init__(self, buf, shape, strides, null=False, ndim=2, null_shape=False,
-                 version=None, name=None):
+                 version=None, name=None, byte_offset=0, flags=0):
         self.buf, self.shape_, self.strides_, self.null = buf, shape, strides, null
         self.ndim, self.null_shape, self.version, self.name = ndim, null_shape, version, name
+        self.byte_offset, self.flags = byte_offset, flags
         self.alive = []  # the structures the capsules point into
+        self.calls = []
 
     def __dlpack__(self, **kwargs):
+        self.calls.append(kwargs)
         shape = (ctypes.c_int64 * 2)(*self.shape_)
         strides = (ctypes.c_int64 * 2)(*self.strides_)
         m = _DLManagedTensor() if self.version is None else _DLManagedTensorVersioned()
         if self.version is not None:
-            m.major, m.minor = self.version
+            m.major, m.minor, m.flags = *self.version, self.flags
+        m.dl_tensor.byte_offset = self.byte_offset
         m.dl_tensor.data = None if self.null else self.buf.ctypes.data
         m.dl_tensor.device = _DLDevice(1, 0)  # kDLCPU
         m.dl_tensor.ndim = self.ndim
@@ -544,8 +550,8 @@ class _HandMadeCapsule:
 @pytest.mark.parametrize("broken,why", [
     (dict(null_shape=True), r"its tensor has ndim = 2 and a null shape"),
     (dict(ndim=-1), r"its tensor has ndim = -1"),
-    (dict(version=(2, 0)), r"its capsule is of DLPack version 2.0; attnkit reads versions 0 "
-                           r"and 1"),
+    (dict(version=(2, 0)), r"its capsule is of DLPack version 2.0; attnkit reads version 1 "
+                           r"and unversioned capsules"),
     (dict(name=b"used_dltensor"), r"its __dlpack__ returned a capsule named 'used_dltensor'")])
 def test_dlpack_capsule_with_a_broken_header_is_refused_by_name(arg, broken, why):
     # Read before the import, which would trust them: never a crash, nothing written.
@@ -572,6 +578,35 @@ def test_dlpack_capsule_of_more_dimensions_than_its_shape_holds_is_refused_by_na
     with pytest.raises(ValueError, match=rf"topk: {arg} has 40 dimensions; at most \d+ are"):
         attnkit.topk(args.pop("x"), 3, **args)
     assert (out == poisoned((2, 3), np.int64)).all()
+
+
+@pytest.mark.parametrize("arg", ["x", "out_indices"])
+def test_dlpack_null_data_with_a_byte_offset_is_refused_by_name(arg):
+    # The import adds byte_offset to the null pointer, which no later null check would see.
+    buf = np.zeros(16, np.float32)
+    args = {"x": buf.reshape(2, 8),
+            arg: _HandMadeCapsule(buf, (2, 8), (8, 1), null=True, byte_offset=4096)}
+    with pytest.raises(ValueError, match=rf"topk: {arg} has 16 elements but a null data "
+                                         rf"pointer \(byte_offset 4096\)"):
+        attnkit.topk(args.pop("x"), 3, **args)
+
+
+def test_dlpack_output_is_asked_for_in_place_and_a_copy_is_refused():
+    # An output is exported with copy=False; a producer that copies anyway (and says so in the
+    # versioned flags) would take the results away with its copy.
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    buf = np.full(6, -7.0, np.float32)
+    copying = _HandMadeCapsule(buf, (2, 3), (3, 1), version=(1, 0), flags=2)  # IS_COPIED
+    with pytest.raises(TypeError, match=r"topk: out_values \(a _HandMadeCapsule\) could not "
+                                        r"be read through DLPack: its export is a copy"):
+        attnkit.topk(x, 3, out_values=copying)
+    assert {"max_version": (1, 1), "copy": False} in copying.calls
+    assert (buf == -7.0).all()
+    in_place = _HandMadeCapsule(buf, (2, 3), (3, 1), version=(1, 0))
+    got = attnkit.topk(x, 3, out_values=in_place, sorted="value")
+    assert {"max_version": (1, 1), "copy": False} in in_place.calls
+    np.testing.assert_array_equal(buf.reshape(2, 3), [[7, 6, 5], [15, 14, 13]])
+    assert got.values is in_place
 
 
 def test_versioned_dlpack_capsule_is_read():
@@ -884,3 +919,64 @@ def test_dlpack_producers_with_a_broken_device_are_named():
     with pytest.raises(TypeError, match=r"topk: x.__dlpack_device__\(\) \(a RaisingDevice\) "
                                         r"raised \(device lookup failed\)"):
         attnkit.topk(RaisingDevice(), 2)
+
+
+class _StandInJaxArray:
+    """A JAX array as attnkit sees one: a DLPack producer whose type lives in the jax package."""
+
+    __module__ = "jax._src.array"
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+@pytest.fixture
+def stand_in_jax(monkeypatch):
+    """jax and jax.numpy as far as attnkit uses them: jax_enable_x64 (off unless set), and
+    jax.numpy.asarray, which narrows int64 to int32 while it is off, as JAX does."""
+    import types
+
+    state = {"x64": False}
+    jax = types.ModuleType("jax")
+    jax.config = types.SimpleNamespace(read=lambda name: state["x64"])
+    jnp = types.ModuleType("jax.numpy")
+    jnp.asarray = lambda r: (r.astype(np.int32) if r.dtype == np.int64 and not state["x64"]
+                             else r)
+    jax.numpy = jnp
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    monkeypatch.setitem(sys.modules, "jax.numpy", jnp)
+    return state
+
+
+def test_jax_indices_are_int32_unless_jax_holds_int64(stand_in_jax):
+    # Without jax_enable_x64 jax.numpy would narrow int64 indices silently (an offset of 2^40
+    # wrapped to 7): they are int32 by default there, checked as such, and int64 is refused.
+    x = _StandInJaxArray(np.arange(20, dtype=np.float32).reshape(2, 10))
+    got = attnkit.topk(x, 3, index_offset=np.array([2**20, 5]), sorted="index").indices
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, [[2**20 + 7, 2**20 + 8, 2**20 + 9], [12, 13, 14]])
+    with pytest.raises(ValueError, match=r"index_offset\[0\] = 1099511627776 moves indices"):
+        attnkit.topk(x, 3, index_offset=np.array([2**40, 5]))
+    with pytest.raises(ValueError, match=r"topk: indices_dtype = int64, but x is a JAX array "
+                                         r"and jax_enable_x64 is off"):
+        attnkit.topk(x, 3, indices_dtype="int64")
+    stand_in_jax["x64"] = True
+    got = attnkit.topk(x, 3, index_offset=np.array([2**40, 5]), sorted="index").indices
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, [[2**40 + 7, 2**40 + 8, 2**40 + 9], [12, 13, 14]])
+
+
+@pytest.mark.parametrize("arg", ["out_values", "out_indices"])
+def test_jax_arrays_are_refused_as_outputs(stand_in_jax, arg):
+    # JAX arrays are immutable, and their export does not say so: refused by kind, untouched.
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    buf = np.full((2, 3), -7, np.float32 if arg == "out_values" else np.int32)
+    with pytest.raises(ValueError, match=rf"topk: {arg} is a JAX array, which is immutable"):
+        attnkit.topk(x, 3, **{arg: _StandInJaxArray(buf)})
+    assert (buf == -7).all()
