@@ -130,6 +130,16 @@ def no_such_dtype(name: str, dtype: Any) -> TypeError:
                      f"{_EXPECTED_DTYPES.get(name, 'int32 or int64')}{hint}")
 
 
+def _readable(a: Any, attr: str) -> bool:
+    """hasattr that also takes an attribute whose property raises anything as missing: such a
+    producer is read through its DLPack export alone."""
+    try:
+        getattr(a, attr)
+    except Exception:
+        return False
+    return True
+
+
 def is_bare_producer(a: Any) -> bool:
     """Whether `a` is read through DLPack: neither a NumPy array nor a torch tensor, and its
     type has ``__dlpack__``."""
@@ -216,7 +226,7 @@ def dlpack_layout(a: Any, name: str) -> tuple:
 
     shape, code = _ext.dlpack_shape_dtype(a, name)
     exported, dtype = tuple(shape), DTYPE_NAMES[code]
-    declared = getattr(a, "shape", exported)
+    declared = getattr(a, "shape", exported) if _readable(a, "shape") else exported
     try:
         same = tuple(int(n) for n in declared) == exported
     except (TypeError, ValueError):
@@ -224,7 +234,7 @@ def dlpack_layout(a: Any, name: str) -> tuple:
     if not same:
         raise ValueError(f"topk: {name} (a {type(a).__name__}) has shape {declared!r} but exports "
                          f"shape {list(exported)} through DLPack; the two must agree")
-    declared = getattr(a, "dtype", None)
+    declared = getattr(a, "dtype", None) if _readable(a, "dtype") else None
     try:
         same = declared is None or dtype_name(declared) == dtype
     except TypeError:
@@ -247,7 +257,7 @@ def resolved(a: Any, name: str) -> Any:
         return a
     if is_torch(a):
         return a.resolve_neg().resolve_conj() if a.is_neg() or a.is_conj() else a
-    if not is_bare_producer(a) or (hasattr(a, "shape") and hasattr(a, "dtype")):
+    if not is_bare_producer(a) or (_readable(a, "shape") and _readable(a, "dtype")):
         return a
     on_cpu = device_of(a, name)[0] == "cpu"
     torch = None if on_cpu else _torch()

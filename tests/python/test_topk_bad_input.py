@@ -980,3 +980,26 @@ def test_jax_arrays_are_refused_as_outputs(stand_in_jax, arg):
     with pytest.raises(ValueError, match=rf"topk: {arg} is a JAX array, which is immutable"):
         attnkit.topk(x, 3, **{arg: _StandInJaxArray(buf)})
     assert (buf == -7).all()
+
+
+class _RaisingAttributes(_Relay):
+    """A producer whose shape and dtype properties raise: read through its export alone."""
+
+    @property
+    def shape(self):
+        raise RuntimeError("shape is not available")
+
+    @property
+    def dtype(self):
+        raise RuntimeError("dtype is not available")
+
+
+def test_dlpack_producer_whose_attributes_raise_is_read_through_its_export():
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    want = topk_reference(x, 2, end=np.array([3, 10]))
+    end = _RaisingAttributes(np.array([3, 10], np.int64))
+    assert_same_result(attnkit.topk(_RaisingAttributes(x), 2, end=end), want, "x and end")
+    values, indices = np.zeros((2, 2), np.float32), np.zeros((2, 2), np.int64)
+    attnkit.topk(x, 2, end=np.array([3, 10]), out_values=_RaisingAttributes(values),
+                 out_indices=_RaisingAttributes(indices))
+    assert_same_result((values, indices), want, "outputs")
