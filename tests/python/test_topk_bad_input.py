@@ -921,19 +921,10 @@ def test_dlpack_producers_with_a_broken_device_are_named():
         attnkit.topk(RaisingDevice(), 2)
 
 
-class _StandInJaxArray:
+class _StandInJaxArray(_Relay):
     """A JAX array as attnkit sees one: a DLPack producer whose type lives in the jax package."""
 
     __module__ = "jax._src.array"
-
-    def __init__(self, a):
-        self.a = a
-
-    def __dlpack__(self, **kwargs):
-        return self.a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
 
 
 @pytest.fixture
