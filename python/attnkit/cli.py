@@ -93,14 +93,16 @@ def _write_archive(path: Path, arrays: dict) -> None:
         raise
 
 
-_DESCRIPTOR_PATH = re.compile(r"/(dev/(fd/|std(in|out|err)$)|proc/[^/]+/fd/)")
+_DESCRIPTOR_PATH = re.compile(r"/(dev/(fd/|std(out|err)$)|proc/[^/]+/fd/)")
 
 
 def _names_descriptor(path) -> bool:
     """Whether `path`, or a link on the way from it to its file, names an open file descriptor
-    (/dev/stdout, /dev/fd/N, /proc/self/fd/N). Such a link to a pipe resolves to no path."""
+    (/dev/stdout, /dev/fd/N, /proc/self/fd/N, or a link to their folder). Such a link to a pipe
+    resolves to no path, so the folder is resolved first, then the last name link by link."""
     p = os.path.abspath(path)
     for _ in range(40):  # the kernel's limit on links followed
+        p = os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
         if _DESCRIPTOR_PATH.match(p):
             return True
         try:
@@ -111,15 +113,14 @@ def _names_descriptor(path) -> bool:
     return False
 
 
-def _is_stdout(path: str) -> bool:
-    """Whether `path` names the file that standard output writes (/dev/stdout, /dev/fd/1, or
-    the file it was redirected to): the archive then goes there as with `-`, and the summary
-    line to stderr."""
+def _names_stream(path: str, stream) -> bool:
+    """Whether `path` names the file that `stream` (sys.stdin, sys.stdout) reads or writes:
+    /dev/stdout, /dev/fd/1, or the file it was redirected from or to."""
     try:
-        here, out = os.stat(path), os.fstat(sys.stdout.fileno())
+        here, there = os.stat(path), os.fstat(stream.fileno())
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return False  # no such file, or stdout closed or not a file descriptor
-    return (here.st_dev, here.st_ino) == (out.st_dev, out.st_ino)
+        return False  # no such file, or the stream closed or not a file descriptor
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _either(names: Sequence[str]) -> str:
@@ -248,12 +249,16 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
-    to_stdout = args.output == "-" or _is_stdout(args.output)
+    to_stdout = args.output == "-" or _names_stream(args.output, sys.stdout)
     if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
         raise InputError("--output -: standard output is closed")
+    if args.output != "-" and _names_stream(args.output, sys.stdin):
+        raise InputError(f"--output {args.output}: is standard input")
     for name, flag in _FILE_ARRAYS:
         path = _file_of(args, name)
-        if path and not to_stdout and _same_file(args.output, path):
+        # With `-` the output is where stdout goes, which may be an input's file too.
+        if path and (_names_stream(path, sys.stdout) if args.output == "-"
+                     else _same_file(args.output, path)):
             raise InputError(f"--output {args.output}: is the file of {flag}; writing it would "
                              f"replace that input")
     x = load_npy(args.input, "--input", _arrays.X_DTYPES, (1, 2))

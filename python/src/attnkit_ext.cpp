@@ -170,8 +170,9 @@ struct ManagedTensorVersioned {
 /// obj.__dlpack__()'s capsule, asked for as nanobind's import asks: a versioned one first for
 /// an output (its flags say whether it is writable), an unversioned one first for an input; the
 /// other kind when the producer refuses with BufferError or TypeError. An output is asked for
-/// with copy=False first (the array API's keyword; producers without it raise TypeError), since
-/// a copy would take the results away. Raises the producer's own error.
+/// with copy=False first (the array API's keyword), since a copy would take the results away;
+/// a producer that refuses that call is asked as before, and a versioned export flagged as a
+/// copy is refused (capsule_problem). Raises the producer's own error.
 nb::object export_capsule(nb::handle obj, bool writable) {
   const nb::object dlpack = obj.attr("__dlpack__");
   auto call = [&](bool versioned) {
@@ -181,7 +182,11 @@ nb::object export_capsule(nb::handle obj, bool writable) {
     try {
       return dlpack(nb::arg("max_version") = nb::make_tuple(1, 1), nb::arg("copy") = false);
     } catch (const nb::python_error& e) {
-      if (!e.matches(PyExc_TypeError)) throw;
+      // Without the keyword, or without versioned capsules: asked as before, below.
+      if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_BufferError) &&
+          !e.matches(PyExc_ValueError)) {
+        throw;
+      }
     }
   }
   try {

@@ -285,6 +285,50 @@ def test_an_output_path_naming_another_descriptor_writes_into_it(tmp_path):
     assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 4), "topk -o /dev/fd/N")
 
 
+@pytest.mark.parametrize("output", ["-", "/dev/stdout", "x.npy"])
+def test_an_output_into_the_input_through_stdout_is_refused(tmp_path, output):
+    # `-i x.npy -o /dev/stdout >> x.npy`: stdout is the input's file, whatever the output says.
+    np.save(tmp_path / "x.npy", np.arange(20, dtype=np.float32).reshape(2, 10))
+    before = (tmp_path / "x.npy").read_bytes()
+    with open(tmp_path / "x.npy", "ab") as stdout:
+        run = subprocess.run([sys.executable, "-m", "attnkit", "topk", "-i", "x.npy", "-k", "3",
+                              "-o", output], cwd=tmp_path, stdout=stdout, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    assert run.returncode == 2 and "is the file of --input" in run.stderr, run.stderr
+    assert (tmp_path / "x.npy").read_bytes() == before
+
+
+def test_an_output_naming_standard_input_is_refused(tmp_path):
+    # `-o /dev/stdin < victim`: the file was opened to be read, not written.
+    np.save(tmp_path / "x.npy", np.arange(20, dtype=np.float32).reshape(2, 10))
+    (tmp_path / "victim").write_bytes(b"keep")
+    with open(tmp_path / "victim", "rb") as stdin:
+        run = subprocess.run([sys.executable, "-m", "attnkit", "topk", "-i", "x.npy", "-k", "3",
+                              "-o", "/dev/stdin"], cwd=tmp_path, stdin=stdin,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    assert run.returncode == 2 and "is standard input" in run.stderr, run.stderr
+    assert (tmp_path / "victim").read_bytes() == b"keep"
+
+
+def test_an_output_through_a_link_to_the_descriptor_folder_is_appended(tmp_path):
+    # fds -> /proc/self/fd: fds/N names descriptor N, opened here for appending to a file that
+    # already holds a line; the archive goes after it, and the file is not replaced.
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "fds").symlink_to("/proc/self/fd")
+    log = tmp_path / "log"
+    log.write_bytes(b"keepme\n")
+    with open(log, "ab") as f:
+        run = subprocess.run([sys.executable, "-m", "attnkit", "topk", "-i", "x.npy", "-k", "3",
+                              "-o", f"fds/{f.fileno()}"], cwd=tmp_path, pass_fds=(f.fileno(),),
+                             capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    data = log.read_bytes()
+    assert data.startswith(b"keepme\n")
+    got = np.load(io.BytesIO(data[len(b"keepme\n"):]))
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 3), "topk -o fds/N")
+
+
 def test_a_failing_stdout_is_one_line_not_a_traceback():
     # `attnkit info > /dev/full`: the report cannot be written.
     main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"

@@ -994,3 +994,19 @@ def test_dlpack_producer_whose_attributes_raise_is_read_through_its_export():
     attnkit.topk(x, 2, end=np.array([3, 10]), out_values=_RaisingAttributes(values),
                  out_indices=_RaisingAttributes(indices))
     assert_same_result((values, indices), want, "outputs")
+
+
+class _UnversionedOnly(_Relay):
+    """A producer that refuses versioned capsules (and so copy=False) with BufferError."""
+
+    def __dlpack__(self, max_version=None, **kwargs):
+        if max_version is not None:
+            raise BufferError("only unversioned capsules")
+        return self.a.__dlpack__()
+
+
+def test_dlpack_outputs_of_a_producer_without_versioned_capsules_are_written():
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    values, indices = np.zeros((2, 3), np.float32), np.zeros((2, 3), np.int64)
+    attnkit.topk(x, 3, out_values=_UnversionedOnly(values), out_indices=_UnversionedOnly(indices))
+    assert_same_result((values, indices), topk_reference(x, 3), "unversioned outputs")
