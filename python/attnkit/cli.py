@@ -304,9 +304,10 @@ def cmd_topk(args) -> int:
 
     parts = [f"{name} {a.dtype.name} {list(a.shape)}"
              for name, a in sorted(arrays.items(), reverse=True)]
-    print(f"{'stdout' if to_stdout else args.output}: {', '.join(parts)} (top-{args.k} of "
-          f"{list(x.shape)} in {elapsed * 1e3:.2f} ms)",
-          file=sys.stderr if to_stdout else sys.stdout)
+    report = sys.stderr if to_stdout else sys.stdout
+    if report is not None:  # print(file=None) would write to stdout, after the archive
+        print(f"{'stdout' if to_stdout else args.output}: {', '.join(parts)} (top-{args.k} of "
+              f"{list(x.shape)} in {elapsed * 1e3:.2f} ms)", file=report)
     return EXIT_OK
 
 

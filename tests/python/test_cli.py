@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -327,6 +328,21 @@ def test_an_output_through_a_link_to_the_descriptor_folder_is_appended(tmp_path)
     assert data.startswith(b"keepme\n")
     got = np.load(io.BytesIO(data[len(b"keepme\n"):]))
     assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 3), "topk -o fds/N")
+
+
+def test_the_archive_on_stdout_stays_whole_with_stderr_closed(tmp_path):
+    # `attnkit topk -o - 2>&-`: the summary line has nowhere to go, and not into the archive.
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    np.save(tmp_path / "x.npy", x)
+    run = subprocess.run(f'"{sys.executable}" -m attnkit topk -i x.npy -k 3 -o - 2>&-',
+                         shell=True, cwd=tmp_path, stdout=subprocess.PIPE, timeout=120)
+    assert run.returncode == 0
+    got = np.load(io.BytesIO(run.stdout))
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 3), "stderr closed")
+    with zipfile.ZipFile(io.BytesIO(run.stdout)) as archive:
+        end = archive.start_dir + sum(len(i.filename) + 46 + len(i.extra) + len(i.comment)
+                                      for i in archive.infolist()) + 22
+    assert end == len(run.stdout), "bytes after the archive's end"
 
 
 def test_a_failing_stdout_is_one_line_not_a_traceback():
