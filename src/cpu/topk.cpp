@@ -593,7 +593,8 @@ void run_rows(const TopkProblem& p, ScoreParams sp) {
     seg_col.resize(lists * seg_k);
     seg_count.resize(lists);
   } catch (const std::bad_alloc&) {
-    throw cpu::WorkingMemoryError(p, lists, seg_k * 2 * sizeof(std::uint32_t) + sizeof(std::size_t));
+    throw cpu::WorkingMemoryError(p, lists,
+                                  seg_k * 2 * sizeof(std::uint32_t) + sizeof(std::size_t));
   }
   const std::int64_t seg_len = (p.row_len + segments - 1) / segments;
   const int running = slots(tasks);

@@ -587,7 +587,7 @@ def test_dlpack_null_data_with_a_byte_offset_is_refused_by_name(arg):
     args = {"x": buf.reshape(2, 8),
             arg: _HandMadeCapsule(buf, (2, 8), (8, 1), null=True, byte_offset=4096)}
     with pytest.raises(ValueError, match=rf"topk: {arg} has 16 elements but a null data "
-                                         rf"pointer \(byte_offset 4096\)"):
+                                         rf"pointer$"):
         attnkit.topk(args.pop("x"), 3, **args)
 
 
