@@ -105,7 +105,7 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
   fi
   if [ "$SANITIZE" != memcheck ]; then
     step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
-      "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*:*SmallClusterWide*:*SmallSorted*' --gtest_brief=1
+      "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*:*SmallClusterWide*:*SmallSorted*:*SmallShortRowsWide*' --gtest_brief=1
     step "compute-sanitizer racecheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
       compute-sanitizer --tool racecheck --error-exitcode 3 \
       "$TESTS" --gtest_filter='*SmallDistributions:*SmallGraph*' --gtest_brief=1

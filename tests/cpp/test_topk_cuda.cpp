@@ -556,6 +556,35 @@ TEST_F(TopkCuda, ShortRowsCandidateList) {
   }
 }
 
+// fp32 rows of 4097-8192 columns take the short-row kernel's CTAs of 512 threads x 16 columns
+// unless sorted="value" (topk_launch.cuh, kShortWideThreads): every distribution, both
+// directions and NaN modes, ragged rows, unaligned starts, k from 7 to 4096, both unordered
+// and column order, and sorted="value" on the same rows (the 256-thread CTAs).
+TEST_F(TopkCuda, SmallShortRowsWideFp32) {
+  std::uint64_t seed = 7500;
+  const attnkit::TopkOrder orders[] = {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kIndex,
+                                       attnkit::TopkOrder::kNone, attnkit::TopkOrder::kValue};
+  for (int d = 0; d < kDists; ++d) {
+    for (std::int64_t k : {7, 700, 2048, 4096}) {
+      Case c;
+      c.dtype = DType::kFloat32;
+      c.largest = seed % 2 == 0;
+      c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
+      c.dist = static_cast<Dist>(d);
+      c.batch = 3;
+      c.n = seed % 3 == 0 ? 4097 : 8192 - static_cast<std::int64_t>(seed % 5);
+      c.k = k;
+      c.order = orders[seed % 4];
+      c.ragged = seed % 5 == 2;
+      c.values = seed % 7 != 3;
+      c.int32_indices = seed % 2 == 1;
+      c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>(seed % 2);
+      c.seed = seed++;
+      check_case(c);
+    }
+  }
+}
+
 // Rows longer than one CTA's registers (8192): clusters of 4 CTAs (20000 columns) on sm_90,
 // and the filter kernel's rounds, appends and repeated selects (270000 columns, beyond every
 // cluster), on every distribution.

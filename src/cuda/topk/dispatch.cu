@@ -289,6 +289,9 @@ Launch make_launch(const TopkProblem& p) {
     // Rows that fit the registers of one CTA: one select, no rounds.
     plan.path = TopkPath::kShort;
     plan.rows.survivor_slots = cuda::next_pow2_host(k);  // kept keys and columns, [2][slots]
+    if (p.dtype == DType::kFloat32 && p.row_len > cuda::kShortWideMinLen && !sorted) {
+      plan.short_threads = cuda::kShortWideThreads;
+    }
   } else {
     // Narrow CTAs (two per SM) when there are rows for every SM and both fit in shared memory,
     // with the widest rounds that fit; three per SM for ragged rows.
@@ -453,7 +456,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
 #if defined(ATTNKIT_LOG_LAUNCHES)
   std::fprintf(stderr,
                "attnkit topk: B=%lld N=%lld k=%lld path=%s policy=%s slices=%d "
-               "dependent_merge=%d cluster=%dx%d limit=%u smem=%zu\n",
+               "dependent_merge=%d cluster=%dx%d short_threads=%d limit=%u smem=%zu\n",
                static_cast<long long>(p.batch), static_cast<long long>(p.row_len),
                static_cast<long long>(p.k), l.plan.path == TopkPath::kRadix    ? "radix"
                : l.plan.path == TopkPath::kArgmax ? "argmax"
@@ -466,8 +469,7 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
                : l.plan.policy == RowsPolicy::kTriple          ? "triple"
                                                                : "wide",
                l.plan.slices, static_cast<int>(l.plan.dependent_merge), l.plan.cluster_ctas,
-               l.plan.cluster_threads,
-               l.plan.rows.limit,
+               l.plan.cluster_threads, l.plan.short_threads, l.plan.rows.limit,
                l.plan.rows.smem());
 #endif
   if (params.nan_flag != nullptr) {

@@ -20,6 +20,9 @@
 //                           candidates from the first digit's pivot up fit a list, they are
 //                           placed there after the first digit and the pivot digit is resolved
 //                           over the list alone (resolve_short_list), not over the registers.
+//                           CTAs of 256 threads x 32 columns, four an SM; fp32 rows of more
+//                           than kShortWideMinLen columns without sorted="value" take 512 x 16,
+//                           three an SM (topk_launch.cuh).
 #pragma once
 
 #include <cstdint>
@@ -60,17 +63,25 @@ template <int kThreads, int kBins, bool kFindTop = false>
 __device__ void find_pivot_digit(PivotState& s, const std::uint32_t* hist, std::uint32_t need,
                                  int lowest = 0) {
   constexpr int kPer = kBins > kThreads ? kBins / kThreads : 1;  // digits a thread owns
-  static_assert(kPer == 1 || kPer % 4 == 0, "whole 16-byte vectors of digits");
+  static_assert(kPer == 1 || kPer % 2 == 0, "whole 16- or 8-byte vectors of digits");
   // Thread t owns digits [top - kPer, top), counted from the top digit down.
   const int top = kBins - static_cast<int>(threadIdx.x) * kPer;
   std::uint32_t c[kPer];
   if constexpr (kPer == 1) {
     c[0] = top >= 1 + lowest ? hist[top - 1] : 0u;
   } else {
+    if constexpr (kPer % 4 == 0) {
 #pragma unroll
-    for (int v = 0; v < kPer / 4; ++v) {
-      const uint4 q = reinterpret_cast<const uint4*>(hist + top - kPer)[v];
-      c[4 * v] = q.x, c[4 * v + 1] = q.y, c[4 * v + 2] = q.z, c[4 * v + 3] = q.w;
+      for (int v = 0; v < kPer / 4; ++v) {
+        const uint4 q = reinterpret_cast<const uint4*>(hist + top - kPer)[v];
+        c[4 * v] = q.x, c[4 * v + 1] = q.y, c[4 * v + 2] = q.z, c[4 * v + 3] = q.w;
+      }
+    } else {  // 1024 bins over 512 threads
+#pragma unroll
+      for (int v = 0; v < kPer / 2; ++v) {
+        const uint2 q = reinterpret_cast<const uint2*>(hist + top - kPer)[v];
+        c[2 * v] = q.x, c[2 * v + 1] = q.y;
+      }
     }
 #pragma unroll
     for (int i = 0; i < kPer; ++i) c[i] = top - kPer + i >= lowest ? c[i] : 0u;
@@ -197,8 +208,13 @@ __device__ std::uint32_t resolve_short_list(const std::uint32_t* list, std::uint
   return (total >> 16) + min(total & 0xFFFFu, keep_equal);
 }
 
-template <class Traits, int kThreads, int kPerThread>
-__global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const TopkKernelParams p) {
+/// The kernel for CTAs of kThreads threads holding kPerThread columns each, kMinBlocks an SM
+/// (the registers' bound). The sort of sorted="value" counts in the first pass's histogram,
+/// which holds the counts of up to eight warps: wider CTAs are launched for the other orders
+/// only (the host's plan), and carry no sort.
+template <class Traits, int kThreads, int kPerThread, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    topk_short_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
   static_assert(kPerThread % kVec == 0, "whole vectors per thread");
@@ -283,10 +299,11 @@ __global__ void __launch_bounds__(kThreads, 4) topk_short_rows_kernel(const Topk
   // spare lists that follow them then.
   auto write_kept_lists = [&](std::uint32_t kept) {
     Candidates out{key, col, kept};
-    if (p.sort_by_value && kept > 1) {
-      static_assert(sort_count_words<kThreads>() <= kShortBins, "the sort counts in the histogram");
-      const Candidates spare{smem + 2 * slots, smem + 3 * slots, 0};
-      out = sort_best_first<kThreads>(out, spare, s.hist, s.pivot.warp_totals);
+    if constexpr (sort_count_words<kThreads>() <= kShortBins) {
+      if (p.sort_by_value && kept > 1) {
+        const Candidates spare{smem + 2 * slots, smem + 3 * slots, 0};
+        out = sort_best_first<kThreads>(out, spare, s.hist, s.pivot.warp_totals);
+      }
     }
     write_outputs<Traits, kThreads>(p, b, out);
   };
