@@ -649,8 +649,9 @@ def _check_writable(path: str) -> None:
         os.remove(target)
 
 
-def run(args) -> int:
-    """Entry point of ``attnkit demo``; returns the exit code."""
+def run(args, json_to_stdout: bool = False) -> int:
+    """Entry point of ``attnkit demo``; returns the exit code. With `json_to_stdout` the JSON
+    goes to standard output and the report to standard error, so that the two do not mix."""
     if args.threads is not None:
         if not 1 <= args.threads <= _MAX_THREADS:
             raise DemoUsageError(f"--threads {args.threads}: must be in [1, {_MAX_THREADS}]")
@@ -662,8 +663,9 @@ def run(args) -> int:
         raise DemoUsageError(f"--warmup {args.warmup}: must be >= 0")
     if not 0 <= args.seed < 2**32:
         raise DemoUsageError(f"--seed {args.seed}: must be in [0, 2^32)")
-    if args.json is not None:
+    if args.json is not None and not json_to_stdout:
         _check_writable(args.json)
+    out = sys.stderr if json_to_stdout else sys.stdout
     device, torch = choose_device(args.device)
     if args.list:
         print(case_list(device))
@@ -674,7 +676,7 @@ def run(args) -> int:
 
     print(f"attnkit {__version__} demo on {device}: {info.get('gpu', info['cpu_model'])}, "
           f"{threads} CPU thread{'s' if threads != 1 else ''}"
-          f"{', quick sizes' if args.quick else ''}")
+          f"{', quick sizes' if args.quick else ''}", file=out)
     results: list[CaseResult] = []
     steps = _GPU_STEPS if device == "cuda" else _CPU_STEPS
     with ThreadPoolExecutor(max_workers=threads) as pool, \
@@ -719,19 +721,24 @@ def run(args) -> int:
             "failures": len(failed),
         }
         try:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=2)
-                f.write("\n")
+            if json_to_stdout:
+                json.dump(doc, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            else:
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump(doc, f, indent=2)
+                    f.write("\n")
         except OSError as e:
             raise DemoUsageError(f"--json {args.json}: {e.strerror or e}") from None
-    print()
-    print(gpu_table(timed) if device == "cuda" else cpu_table(timed))
-    print()
+    print(file=out)
+    print(gpu_table(timed) if device == "cuda" else cpu_table(timed), file=out)
+    print(file=out)
     if device == "cuda":
         print(f"Median of {repeats} runs after {args.warmup} warm-up, CUDA events, L2 flushed "
               f"(256 MB written, then read) before each run. GB/s = (valid input bytes + values and int64 "
               f"indices written) / time. torch.topk reads whole rows (causal rows masked "
-              f"with -inf). Results checked against attnkit's CPU reference backend.")
+              f"with -inf). Results checked against attnkit's CPU reference backend.", file=out)
     else:
         print(f"Median of {repeats} runs after {args.warmup} warm-up; {threads} thread(s) for "
               f"every method (std baselines on attnkit's pool, parallel over rows; "
@@ -739,18 +746,19 @@ def run(args) -> int:
               f"indices written) / attnkit time. 'vs X' = time of X / time of attnkit. "
               f"Baselines read whole rows (causal rows masked with -inf); bf16 rows are "
               f"widened to fp32 for argpartition. Every attnkit result is compared with the "
-              f"reference backend: indices exactly, values bit for bit.")
+              f"reference backend: indices exactly, values bit for bit.", file=out)
     issue = _issue_lines(timed, device)
     if issue:
-        print("Tracked cases (the -issue ones; attnkit speed-up):")
-        print("\n".join(issue))
+        print("Tracked cases (the -issue ones; attnkit speed-up):", file=out)
+        print("\n".join(issue), file=out)
     for r in results:
         for w in r.warnings:
-            print(f"warning: {r.case.name}: {w}")
+            print(f"warning: {r.case.name}: {w}", file=out)
     for r in failed:
-        print(f"FAILED: {r.case.name}: {r.check}: {r.detail}")
-    print(f"checks: {len(results) - len(failed)} of {len(results)} cases match the reference")
+        print(f"FAILED: {r.case.name}: {r.check}: {r.detail}", file=out)
+    print(f"checks: {len(results) - len(failed)} of {len(results)} cases match the reference",
+          file=out)
 
-    if args.json:
-        print(f"wrote {args.json}")
+    if args.json and not json_to_stdout:
+        print(f"wrote {args.json}", file=out)
     return 1 if failed else 0

@@ -326,8 +326,13 @@ def cmd_info(args) -> int:
 def cmd_demo(args) -> int:
     from . import _demo
 
+    # `--json -`, /dev/stdout, or the file stdout is redirected to: the JSON alone goes to
+    # standard output, the report to standard error.
+    to_stdout = args.json is not None and (args.json == "-" or _names_stream(args.json, sys.stdout))
+    if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
+        raise InputError(f"--json {args.json}: standard output is closed")
     try:
-        return _demo.run(args)
+        return _demo.run(args, json_to_stdout=to_stdout)
     except _demo.DemoUsageError as e:
         raise InputError(str(e)) from None
 
@@ -365,7 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cases", metavar="LIST",
                       help="comma-separated case names or shell patterns (see --list)")
     demo.add_argument("--list", action="store_true", help="list the cases and exit")
-    demo.add_argument("--json", metavar="PATH", help="write every number and the machine to PATH")
+    demo.add_argument("--json", metavar="PATH",
+                      help="write every number and the machine to PATH ('-': standard output, "
+                           "the report then going to standard error)")
     demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                       help="where to run (default: the GPU when usable, else the CPU)")
     demo.add_argument("--repeats", type=int, metavar="N",

@@ -397,6 +397,24 @@ def test_demo_into_a_closed_pipe_stops_quietly(tmp_path):
     assert doc["failures"] == 0 and len(doc["cases"]) == len(_demo.select_cases(None, "cpu"))
 
 
+@pytest.mark.parametrize("target", ["-", "/dev/stdout", "the redirected file"])
+def test_demo_json_to_stdout_keeps_the_report_apart(tmp_path, target):
+    # `attnkit demo --json - > r.json`, also through /dev/stdout or the file's own name: stdout
+    # holds the JSON alone, the report goes to stderr.
+    report = tmp_path / "r.json"
+    path = str(report) if target == "the redirected file" else target
+    with open(report, "wb") as f:
+        run = subprocess.run([sys.executable, "-m", "attnkit", "demo", "--quick", "--no-progress",
+                              "--cases", "dsa-k512", "--json", path], stdout=f,
+                             stderr=subprocess.PIPE, timeout=120,
+                             env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
+    err = run.stderr.decode()
+    assert run.returncode == 0, err
+    doc = json.loads(report.read_text())
+    assert [c["name"] for c in doc["cases"]] == ["dsa-k512"] and doc["failures"] == 0
+    assert "dsa-k512" in err and "checks: 1 of 1 cases match the reference" in err
+
+
 def test_topk_command_into_a_closed_pipe_stops_quietly(tmp_path):
     # `attnkit topk -o - | head -c 10`: the archive (768 KB) outgrows the pipe's buffer, the
     # reader leaves, and the command ends as the demo does, with 141 and nothing on stderr.
