@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import io
 import json
 import os
 import platform
@@ -627,6 +628,13 @@ def _issue_lines(results: list[CaseResult], device: str) -> list[str]:
     return lines
 
 
+class _Discard(io.TextIOBase):
+    """A text stream that drops what is written to it: the report when its stream is closed."""
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+
 def _check_writable(path: str) -> None:
     """Refuses a --json path that cannot be written before the run, not after it."""
     if not path:
@@ -666,6 +674,8 @@ def run(args, json_to_stdout: bool = False) -> int:
     if args.json is not None and not json_to_stdout:
         _check_writable(args.json)
     out = sys.stderr if json_to_stdout else sys.stdout
+    if out is None:  # started with stderr closed (`2>&-`): print(file=None) would write to stdout
+        out = _Discard()
     device, torch = choose_device(args.device)
     if args.list:
         print(case_list(device))
@@ -696,7 +706,7 @@ def run(args, json_to_stdout: bool = False) -> int:
                                      threads, step)
             except (ValueError, TypeError, RuntimeError) as e:
                 # attnkit refused or failed on a valid workload: a failed check, not a crash.
-                bar.write(f"{case.name}: ERROR: {type(e).__name__}: {e}")
+                bar.write(f"{case.name}: ERROR: {type(e).__name__}: {e}", file=out)
                 b, n = case.shape(args.quick)
                 r = CaseResult(case, (b, n), *traffic_bytes(case, args.quick), check="ERROR",
                                detail=f"{type(e).__name__}: {e}")
@@ -720,17 +730,17 @@ def run(args, json_to_stdout: bool = False) -> int:
             "issue_cases": [r.to_json() for r in results if r.case.issue],
             "failures": len(failed),
         }
-        try:
-            if json_to_stdout:
-                json.dump(doc, sys.stdout, indent=2)
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-            else:
+        if json_to_stdout:  # a closed pipe or a full disk: the CLI's own handling of stdout
+            json.dump(doc, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        else:
+            try:
                 with open(args.json, "w", encoding="utf-8") as f:
                     json.dump(doc, f, indent=2)
                     f.write("\n")
-        except OSError as e:
-            raise DemoUsageError(f"--json {args.json}: {e.strerror or e}") from None
+            except OSError as e:
+                raise DemoUsageError(f"--json {args.json}: {e.strerror or e}") from None
     print(file=out)
     print(gpu_table(timed) if device == "cuda" else cpu_table(timed), file=out)
     print(file=out)

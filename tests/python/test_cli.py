@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -413,6 +414,47 @@ def test_demo_json_to_stdout_keeps_the_report_apart(tmp_path, target):
     doc = json.loads(report.read_text())
     assert [c["name"] for c in doc["cases"]] == ["dsa-k512"] and doc["failures"] == 0
     assert "dsa-k512" in err and "checks: 1 of 1 cases match the reference" in err
+
+
+def test_demo_json_to_stdout_keeps_error_lines_out_of_it(monkeypatch, capsys):
+    # A case that fails is reported on stderr; stdout still holds the JSON alone.
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(_demo, "run_cpu_case", fail)
+    code = cli.main(["demo", "--quick", "--no-progress", "--device", "cpu", "--cases", "dsa-k512",
+                     "--json", "-"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    doc = json.loads(out)
+    assert [c["check"] for c in doc["cases"]] == ["ERROR"] and doc["failures"] == 1
+    assert "dsa-k512: ERROR: RuntimeError: planted failure" in err
+
+
+def test_demo_json_to_stdout_with_stderr_closed(tmp_path):
+    # `attnkit demo --json - 2>&-`: the report has nowhere to go and is dropped, not written
+    # into the JSON.
+    report = tmp_path / "r.json"
+    with open(report, "wb") as f:
+        run = subprocess.run(f"{shlex.quote(sys.executable)} -m attnkit demo --quick --no-progress "
+                             f"--cases dsa-k512 --json - 2>&-", shell=True, stdout=f, timeout=120,
+                             env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
+    assert run.returncode == 0
+    assert [c["name"] for c in json.loads(report.read_text())["cases"]] == ["dsa-k512"]
+
+
+def test_demo_json_into_a_closed_pipe_stops_quietly():
+    # `attnkit demo --json - | true`: the reader is gone before the JSON is written; the demo
+    # ends with 141 and no error, as with the table on stdout.
+    main = "import sys; from attnkit import cli; sys.exit(cli.main(sys.argv[1:]))"
+    demo = subprocess.Popen([sys.executable, "-c", main, "demo", "--quick", "--no-progress",
+                             "--cases", "dsa-k512", "--json", "-"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
+    demo.stdout.close()
+    err = demo.stderr.read().decode()
+    assert demo.wait(timeout=120) == 141
+    assert "error" not in err and "Traceback" not in err
 
 
 def test_topk_command_into_a_closed_pipe_stops_quietly(tmp_path):
