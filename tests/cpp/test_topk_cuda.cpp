@@ -568,17 +568,19 @@ TEST_F(TopkCuda, SmallShortRowsWideFp32) {
     for (std::int64_t k : {7, 700, 2048, 4096}) {
       Case c;
       c.dtype = DType::kFloat32;
-      c.largest = seed % 2 == 0;
+      // Four cases a distribution, one per k: the other axes turn at other periods, so that
+      // each k meets each order (and each direction) over the distributions.
+      c.largest = (seed / 3) % 2 == 0;
       c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
       c.dist = static_cast<Dist>(d);
       c.batch = 3;
       c.n = seed % 3 == 0 ? 4097 : 8192 - static_cast<std::int64_t>(seed % 5);
       c.k = k;
-      c.order = orders[seed % 4];
+      c.order = orders[(seed + seed / 4) % 4];
       c.ragged = seed % 5 == 2;
       c.values = seed % 7 != 3;
-      c.int32_indices = seed % 2 == 1;
-      c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>(seed % 2);
+      c.int32_indices = (seed / 5) % 2 == 1;
+      c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>((seed / 7) % 2);
       c.seed = seed++;
       check_case(c);
     }

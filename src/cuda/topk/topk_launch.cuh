@@ -460,7 +460,7 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     p.candidate_words = list ? 2 * slots : 0;
     const std::size_t smem = kept_list_bytes(slots, p.sort_by_value || list);
     if constexpr (Traits::kBits == 32) {  // the plan gives only fp32 rows the wide CTAs
-      if (plan.short_threads == kShortWideThreads) {
+      if (plan.short_threads == kShortWideThreads && !p.sort_by_value) {  // they carry no sort
         constexpr int kPer = kShortMaxLen / kShortWideThreads;
         launch(topk_short_rows_kernel<Traits, kShortWideThreads, kPer, 3>, plan.batch,
                kShortWideThreads, smem, stream, p, "topk_short_rows_kernel<512>");

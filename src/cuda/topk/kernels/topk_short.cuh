@@ -49,7 +49,7 @@ struct PivotState {
 };
 
 struct ShortScratch {
-  alignas(16) std::uint32_t hist[kShortBins];  // 16-byte reads in find_pivot_digit
+  alignas(16) std::uint32_t hist[kShortBins];  // 16- or 8-byte reads in find_pivot_digit
   PivotState pivot;
 };
 
