@@ -16,6 +16,7 @@ import io
 import json
 import os
 import platform
+import stat
 import statistics
 import sys
 import time
@@ -297,9 +298,11 @@ def numpy_simd() -> list:
 def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
-    # disable=None turns the bar off when stderr is not a terminal (CI logs).
+    # disable=None turns the bar off when stderr is not a terminal (CI logs), and a closed
+    # stderr (`2>&-`) has no bar at all.
     return tqdm(total=total, desc="attnkit demo", unit="step", file=sys.stderr,
-                disable=None if enabled else True, leave=False, dynamic_ncols=True)
+                disable=None if enabled and sys.stderr is not None else True, leave=False,
+                dynamic_ncols=True)
 
 
 class _Step:
@@ -645,21 +648,35 @@ def _check_writable(path: str) -> None:
         raise DemoUsageError(f"--json {path}: is a directory")
     if not os.path.isdir(folder):
         raise DemoUsageError(f"--json {path}: folder {folder} does not exist")
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:  # also a link to a missing file, which open() would create
+        mode = None
+    except OSError as e:
+        raise DemoUsageError(f"--json {path}: {e.strerror or e}") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        # A FIFO, a device or a descriptor's file: opening it to try could block (a FIFO waits
+        # for a reader) or end what reads it, so only its permission is asked.
+        if not os.access(target, os.W_OK):
+            raise DemoUsageError(f"--json {path}: cannot write: Permission denied")
+        return
     # Opening the file itself (kept as it is, and removed again if it was not there) is the
     # one test that every file system and every name (too long, ...) answers.
-    existed = os.path.exists(target)
     try:
         with open(target, "a"):
             pass
     except OSError as e:
         raise DemoUsageError(f"--json {path}: cannot write: {e.strerror or e}") from None
-    if not existed:
-        os.remove(target)
+    if mode is None:
+        os.remove(os.path.realpath(target))  # the new file, not a link that led to it
 
 
-def run(args, json_to_stdout: bool = False) -> int:
-    """Entry point of ``attnkit demo``; returns the exit code. With `json_to_stdout` the JSON
-    goes to standard output and the report to standard error, so that the two do not mix."""
+def run(args, json_to: str = "file") -> int:
+    """Entry point of ``attnkit demo``; returns the exit code. `json_to` says where --json
+    goes: "file" (replaced), "descriptor" (an open descriptor's file, /dev/stderr or
+    /dev/fd/N: appended to, as its writes would be) or "stdout" (the JSON alone on standard
+    output, the report on standard error, so that the two do not mix)."""
+    json_to_stdout = json_to == "stdout"
     if args.threads is not None:
         if not 1 <= args.threads <= _MAX_THREADS:
             raise DemoUsageError(f"--threads {args.threads}: must be in [1, {_MAX_THREADS}]")
@@ -716,6 +733,7 @@ def run(args, json_to_stdout: bool = False) -> int:
             results.append(r)
     timed = [r for r in results if r.check != "ERROR"]
     failed = [r for r in results if r.check != "ok"]
+    json_error = None
     # Written before the table, so that a reader of stdout that leaves early (`| head -1`)
     # does not take the file with it.
     if args.json:
@@ -736,11 +754,12 @@ def run(args, json_to_stdout: bool = False) -> int:
             sys.stdout.flush()
         else:
             try:
-                with open(args.json, "w", encoding="utf-8") as f:
+                with open(args.json, "a" if json_to == "descriptor" else "w",
+                          encoding="utf-8") as f:
                     json.dump(doc, f, indent=2)
                     f.write("\n")
-            except OSError as e:
-                raise DemoUsageError(f"--json {args.json}: {e.strerror or e}") from None
+            except OSError as e:  # raised after the report, which is not lost with it
+                json_error = f"--json {args.json}: {e.strerror or e}"
     print(file=out)
     print(gpu_table(timed) if device == "cuda" else cpu_table(timed), file=out)
     print(file=out)
@@ -769,6 +788,8 @@ def run(args, json_to_stdout: bool = False) -> int:
     print(f"checks: {len(results) - len(failed)} of {len(results)} cases match the reference",
           file=out)
 
+    if json_error is not None:
+        raise DemoUsageError(json_error)
     if args.json and not json_to_stdout:
         print(f"wrote {args.json}", file=out)
     return 1 if failed else 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import io
 import os
 import re
@@ -62,7 +63,9 @@ def _write_archive(path: Path, arrays: dict) -> None:
     write (a full disk) leaves neither a truncated archive nor a damaged earlier file. A path
     that is not a regular file (/dev/null, a FIFO) or that names an open descriptor
     (/dev/stderr, /dev/fd/3, whose file the caller opened to be written, not replaced) is
-    written in place; a symbolic link's target is replaced, keeping the link."""
+    written in place, and so is a file with other hard links or in a folder that cannot take
+    the temporary file; a file whose mode forbids writing is refused (PermissionError); a
+    symbolic link's target is replaced, keeping the link."""
     import numpy as np
 
     try:
@@ -70,7 +73,17 @@ def _write_archive(path: Path, arrays: dict) -> None:
     except FileNotFoundError:
         mode = None
     descriptor = _names_descriptor(path)
-    if descriptor or (mode is not None and not stat.S_ISREG(mode)):
+    if mode is not None and stat.S_ISREG(mode) and not descriptor:
+        # A file that its mode keeps from being written is refused, as the shell's `>` would
+        # refuse it, rather than replaced; one with other hard links, or in a folder that
+        # cannot take the temporary file, is written in place, as `>` would write it.
+        if not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        folder = os.path.dirname(os.path.realpath(path))
+        in_place = os.stat(path).st_nlink > 1 or not os.access(folder, os.W_OK | os.X_OK)
+    else:
+        in_place = False
+    if in_place or descriptor or (mode is not None and not stat.S_ISREG(mode)):
         # A descriptor's file is appended to, as its writes would be, not truncated at open
         # (`2>> log` keeps the log).
         with open(path, "ab" if descriptor else "wb") as f:
@@ -111,6 +124,19 @@ def _names_descriptor(path) -> bool:
             return False
         p = os.path.normpath(os.path.join(os.path.dirname(p), link))
     return False
+
+
+_STDOUT_PATH = re.compile(r"/(dev/(stdout|fd/1)|proc/(self|\d+)/fd/1)$")
+
+
+def _names_closed_stdout(path: str) -> bool:
+    """Whether `path` names descriptor 1 (/dev/stdout, /dev/fd/1, /proc/self/fd/1) while
+    standard output is closed (`>&-`): the path then leads nowhere, and is refused as a closed
+    stdout, not as a missing file."""
+    if sys.stdout is not None:
+        return False
+    p = os.path.abspath(path)
+    return bool(_STDOUT_PATH.search(p) or _STDOUT_PATH.search(os.path.realpath(p)))
 
 
 def _names_stream(path: str, stream) -> bool:
@@ -249,10 +275,14 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
-    to_stdout = args.output == "-" or _names_stream(args.output, sys.stdout)
+    to_stdout = (args.output == "-" or _names_stream(args.output, sys.stdout)
+                 or _names_closed_stdout(args.output))
     if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
-        raise InputError("--output -: standard output is closed")
-    if args.output != "-" and _names_stream(args.output, sys.stdin):
+        raise InputError(f"--output {args.output}: standard output is closed")
+    # A file opened to be read (`-o /dev/stdin < x.npy`) is refused; a device is not: writing
+    # /dev/null with stdin from /dev/null (cron, CI) harms nothing.
+    if (args.output != "-" and _names_stream(args.output, sys.stdin)
+            and not stat.S_ISCHR(os.stat(args.output).st_mode)):
         raise InputError(f"--output {args.output}: is standard input")
     for name, flag in _FILE_ARRAYS:
         path = _file_of(args, name)
@@ -328,11 +358,16 @@ def cmd_demo(args) -> int:
 
     # `--json -`, /dev/stdout, or the file stdout is redirected to: the JSON alone goes to
     # standard output, the report to standard error.
-    to_stdout = args.json is not None and (args.json == "-" or _names_stream(args.json, sys.stdout))
-    if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
-        raise InputError(f"--json {args.json}: standard output is closed")
+    json_to = "file"
+    if args.json is not None:
+        if args.json == "-" or _names_stream(args.json, sys.stdout) or _names_closed_stdout(args.json):
+            if sys.stdout is None:  # started with standard output closed (`>&-`)
+                raise InputError(f"--json {args.json}: standard output is closed")
+            json_to = "stdout"
+        elif _names_descriptor(args.json):
+            json_to = "descriptor"
     try:
-        return _demo.run(args, json_to_stdout=to_stdout)
+        return _demo.run(args, json_to=json_to)
     except _demo.DemoUsageError as e:
         raise InputError(str(e)) from None
 
@@ -353,7 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnkit",
         description="attnkit: top-k and related kernels for sparse and linear attention.",
-        epilog="Exit codes: 0 success, 1 a demo check failed, 2 usage or input error.")
+        epilog="Exit codes: 0 success, 1 a demo check failed or an output could not be written, "
+               "2 usage or input error, 130 interrupted, 141 the reader of standard output "
+               "went away (a closed pipe).")
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
@@ -431,6 +468,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _complain(message: str) -> None:
+    """Prints `message` on stderr; nowhere when stderr is closed (`2>&-`), where print would
+    fall back to stdout, which may hold an archive or the demo's JSON."""
+    if sys.stderr is not None:
+        print(message, file=sys.stderr)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with code 2 on a usage error
@@ -439,10 +483,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return args.func(args)
     except InputError as e:
-        print(f"attnkit {args.command}: error: {e}", file=sys.stderr)
+        _complain(f"attnkit {args.command}: error: {e}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"attnkit {args.command}: interrupted", file=sys.stderr)
+        _complain(f"attnkit {args.command}: interrupted")
         return 130
     except OSError as e:
         # Writing the report failed: the reader went away (`attnkit demo | head`) or the disk
@@ -452,7 +496,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if isinstance(e, BrokenPipeError):
             return 141
-        print(f"attnkit {args.command}: error: {e.strerror or _one_line(e)}", file=sys.stderr)
+        _complain(f"attnkit {args.command}: error: {e.strerror or _one_line(e)}")
         return 1
 
 

@@ -431,16 +431,91 @@ def test_demo_json_to_stdout_keeps_error_lines_out_of_it(monkeypatch, capsys):
     assert "dsa-k512: ERROR: RuntimeError: planted failure" in err
 
 
-def test_demo_json_to_stdout_with_stderr_closed(tmp_path):
-    # `attnkit demo --json - 2>&-`: the report has nowhere to go and is dropped, not written
-    # into the JSON.
-    report = tmp_path / "r.json"
-    with open(report, "wb") as f:
-        run = subprocess.run(f"{shlex.quote(sys.executable)} -m attnkit demo --quick --no-progress "
-                             f"--cases dsa-k512 --json - 2>&-", shell=True, stdout=f, timeout=120,
-                             env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
+def _shell(command: str, cwd, **kwargs) -> subprocess.CompletedProcess:
+    """Runs `command` in a shell in `cwd`, `attnkit` standing for this interpreter's module."""
+    command = command.replace("attnkit ", f"{shlex.quote(sys.executable)} -m attnkit ")
+    return subprocess.run(command, shell=True, cwd=cwd, timeout=120, capture_output=True,
+                          env={**os.environ, "ATTNKIT_NUM_THREADS": "1"}, **kwargs)
+
+
+_ONE_CASE = "--quick --cases dsa-k512"
+
+
+@pytest.mark.parametrize("progress", ["", "--no-progress"])
+def test_demo_json_to_stdout_with_stderr_closed(tmp_path, progress):
+    # `attnkit demo --json - 2>&-`: the report (and the progress bar) have nowhere to go and
+    # are dropped, not written into the JSON.
+    run = _shell(f"attnkit demo {_ONE_CASE} {progress} --json - 2>&-", tmp_path)
     assert run.returncode == 0
-    assert [c["name"] for c in json.loads(report.read_text())["cases"]] == ["dsa-k512"]
+    assert [c["name"] for c in json.loads(run.stdout)["cases"]] == ["dsa-k512"]
+
+
+@pytest.mark.parametrize("command", ["demo --cases nope --json -", "topk -i nope.npy -k 2 -o -"])
+def test_errors_with_stderr_closed_stay_out_of_stdout(tmp_path, command):
+    run = _shell(f"attnkit {command} 2>&-", tmp_path)
+    assert run.returncode == 2 and run.stdout == b""
+
+
+@pytest.mark.parametrize("command", ["demo --quick --json /dev/stdout",
+                                     "topk -i x.npy -k 2 -o /dev/stdout"])
+def test_stdout_paths_with_stdout_closed_are_named_so(tmp_path, command):
+    np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    run = _shell(f"attnkit {command} >&-", tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.decode().endswith("/dev/stdout: standard output is closed\n")
+
+
+def test_demo_json_into_a_fifo(tmp_path):
+    # The check before the run does not open a FIFO (which would end its reader's input).
+    os.mkfifo(tmp_path / "p")
+    run = _shell(f"cat p > got & attnkit demo {_ONE_CASE} --no-progress --json p; wait", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert [c["name"] for c in json.loads((tmp_path / "got").read_text())["cases"]] == ["dsa-k512"]
+
+
+def test_demo_json_through_a_dangling_link(tmp_path):
+    # The link is kept and its target written, as `>` through the link would.
+    os.symlink(tmp_path / "target.json", tmp_path / "link")
+    run = _shell(f"attnkit demo {_ONE_CASE} --no-progress --json link", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert os.path.islink(tmp_path / "link")
+    assert json.loads((tmp_path / "target.json").read_text())["failures"] == 0
+
+
+def test_demo_json_to_a_descriptor_appends(tmp_path):
+    # `--json /dev/fd/3 3>> log`: the log keeps what it held, as the descriptor's writes would.
+    (tmp_path / "log").write_text("earlier line\n")
+    run = _shell(f"attnkit demo {_ONE_CASE} --no-progress --json /dev/fd/3 3>> log", tmp_path)
+    assert run.returncode == 0, run.stderr
+    first, rest = (tmp_path / "log").read_text().split("\n", 1)
+    assert first == "earlier line" and json.loads(rest)["failures"] == 0
+
+
+def test_demo_json_write_failure_keeps_the_report(tmp_path):
+    # The JSON cannot be written after the run (a full disk): the table is still printed, then
+    # the error.
+    run = _shell(f"attnkit demo {_ONE_CASE} --no-progress --json /dev/full", tmp_path)
+    assert run.returncode == 2
+    assert "checks: 1 of 1 cases match the reference" in run.stdout.decode()
+    assert run.stderr.decode().endswith("--json /dev/full: No space left on device\n")
+
+
+def test_topk_output_to_dev_null_with_stdin_from_dev_null(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    run = _shell("attnkit topk -i x.npy -k 2 -o /dev/null < /dev/null", tmp_path)
+    assert run.returncode == 0, run.stderr
+
+
+def test_topk_output_with_a_second_hard_link_is_written_in_place(tmp_path):
+    # Both names then hold the archive, as after `>`; replacing the file would leave the second
+    # name with the old contents.
+    np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    (tmp_path / "o.npz").write_bytes(b"old")
+    os.link(tmp_path / "o.npz", tmp_path / "other")
+    run = _shell("attnkit topk -i x.npy -k 2 -o o.npz", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert os.path.samefile(tmp_path / "o.npz", tmp_path / "other")
+    assert np.load(tmp_path / "other")["indices"].tolist() == [[1, 2], [1, 2]]
 
 
 def test_demo_json_into_a_closed_pipe_stops_quietly():
