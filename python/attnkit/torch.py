@@ -23,6 +23,7 @@ float? value_fill, str nan, str ties, bool? check) -> (Tensor values, Tensor ind
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import numpy as np
@@ -206,11 +207,12 @@ def _backward(ctx, grad_values, grad_indices):
     none = (None,) * 13
     if grad_values is None:
         return (None,) + none
-    # Rows as [B, N]; a 1-D x is one row.
+    # Rows as [B, N]; a 1-D x is one row. No test of k here: under torch.compile a k read from
+    # a tensor is known only when the graph runs, and k = 0 or B = 0 scatters nothing.
     n = ctx.x_shape[-1]
-    if grad_values.numel() == 0 or n == 0:  # nothing selected: a zero gradient of x's shape
+    if n == 0:  # nothing selectable: a zero gradient of x's shape
         return (grad_values.new_zeros(ctx.x_shape),) + none
-    idx = indices.reshape(-1, indices.shape[-1]).long()
+    idx = indices.reshape(math.prod(ctx.x_shape[:-1]), indices.shape[-1]).long()
     grad = grad_values.reshape(idx.shape)
     rows = idx.shape[0]
     # Real slots are the first min(k, selectable) of each row, whatever their indices hold

@@ -729,6 +729,17 @@ def test_compile_fullgraph_with_a_data_dependent_k(source):
         assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
 
 
+@pytest.mark.parametrize("k", [3, 0])
+def test_compile_fullgraph_backward_with_a_data_dependent_k(k):
+    # The gradient's formula asks nothing of k's value, which is known only when the graph runs.
+    x = torch.randn(4, 10, requires_grad=True)
+    f = torch.compile(lambda a, kk: attnkit.topk(a, kk.item())[0].sum(), backend="aot_eager",
+                      fullgraph=True)
+    f(x, torch.tensor(k)).backward()
+    want = torch.zeros(4, 10).scatter_(1, torch.topk(x.detach(), k).indices, 1.0)
+    assert torch.equal(x.grad, want)
+
+
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_compile_refuses_a_k_beyond_int64_by_its_value(fullgraph):
     # Refused in the traced Python as in eager mode, not passed to the op's 64-bit schema
