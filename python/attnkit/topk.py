@@ -68,6 +68,16 @@ def _within_int64(k: int, torch_module: Any) -> bool:
     return -2**63 <= k < 2**63
 
 
+def _real_0d(value: Any, torch_module: Any) -> bool:
+    """Whether `value` is a 0-d NumPy array or torch tensor of integers or floats (not bool),
+    whose .item() is the real number it holds."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and value.dtype.kind in "iuf"
+    if torch_module is not None and isinstance(value, torch_module.Tensor):
+        return value.ndim == 0 and value.dtype != torch_module.bool and not value.is_complex()
+    return False
+
+
 def _real(value: Any) -> float:
     """`value` as a float64 that rounds to every narrower format as `value` itself would.
 
@@ -290,6 +300,8 @@ def topk(
         raise TypeError(f"topk: largest = {largest!r}; expected a bool")
     if not isinstance(return_values, (bool, np.bool_)):
         raise TypeError(f"topk: return_values = {return_values!r}; expected a bool")
+    if _real_0d(value_fill, torch_module):  # as k and index_fill take 0-d integer arrays
+        value_fill = value_fill.item()
     if value_fill is not None and (isinstance(value_fill, (str, bytes, bool))
                                    or not isinstance(value_fill, numbers.Real)):
         raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")

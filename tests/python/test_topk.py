@@ -468,6 +468,19 @@ def test_fills(value_fill, dtype, largest):
     check_topk(x, 12, end=end, index_fill=2**40, indices_dtype="int64")
 
 
+@pytest.mark.parametrize("make", [np.array, np.float32, lambda v: np.array(v, np.float16),
+                                  "torch"], ids=["ndarray", "float32", "float16-ndarray", "tensor"])
+def test_value_fill_takes_0d_arrays(make):
+    # As k and index_fill take 0-d integer arrays: the number the array holds.
+    if make == "torch":
+        import torch  # in the package's test extra
+
+        make = torch.tensor
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    values, indices = attnkit.topk(x, 6, value_fill=make(-2.5), index_fill=np.array(-7))
+    assert values[:, 4:].tolist() == [[-2.5, -2.5]] * 2 and indices[:, 4:].tolist() == [[-7, -7]] * 2
+
+
 def test_value_fill_rounds_once_from_the_exact_value():
     # float32's ulp at 2**60 is 2**37. 2**60 + 2**36 + 1 lies above the midpoint 2**60 + 2**36,
     # so it rounds up; rounded to float64 first it would become the midpoint and then go to
