@@ -205,7 +205,8 @@ def topk(
     index_fill : int
         Index written to padding slots (default -1).
     value_fill : float, optional
-        Value written to padding slots (default -inf when ``largest``, +inf otherwise),
+        Value written to padding slots (default -inf when ``largest``, +inf otherwise; a 0-d
+        NumPy array or tensor of a number is read as that number),
         rounded once to x's dtype, to nearest even: a value beyond the dtype's range becomes
         +-inf (1e40 in bfloat16, 1e6 in float16), as a cast would make it.
     nan : {"largest", "ignore", "raise"}
