@@ -99,7 +99,9 @@ def select_cases(spec: Optional[str], device: str) -> list[Case]:
         hits = [c for c in usable if fnmatch.fnmatchcase(c.name, pattern)]
         if not hits:
             names = ", ".join(c.name for c in usable)
-            raise DemoUsageError(f"--cases: no case matches {pattern!r} on {device}; "
+            gpu = [c.name for c in CASES if c not in usable and fnmatch.fnmatchcase(c.name, pattern)]
+            only = f" ({', '.join(gpu)} run on the GPU only)" if gpu else ""
+            raise DemoUsageError(f"--cases: no case matches {pattern!r} on {device}{only}; "
                                  f"cases: {names}")
         chosen.extend(c for c in hits if c not in chosen)
     return chosen

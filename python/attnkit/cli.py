@@ -291,6 +291,10 @@ def cmd_topk(args) -> int:
                      else _same_file(args.output, path)):
             raise InputError(f"--output {args.output}: is the file of {flag}; writing it would "
                              f"replace that input")
+    # Standard input is read once: a second `-` would find it empty, or the rest of a stream.
+    stdin_flags = [flag for name, flag in _FILE_ARRAYS if _file_of(args, name) == "-"]
+    if len(stdin_flags) > 1:
+        raise InputError(f"{stdin_flags[1]} -: standard input is already read by {stdin_flags[0]}")
     x = load_npy(args.input, "--input", _arrays.X_DTYPES, (1, 2))
     rows = {}
     for name, flag in _FILE_ARRAYS[1:]:

@@ -500,6 +500,18 @@ def test_demo_json_write_failure_keeps_the_report(tmp_path):
     assert run.stderr.decode().endswith("--json /dev/full: No space left on device\n")
 
 
+def test_topk_reads_standard_input_once(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    run = _shell("attnkit topk -i - --end - -k 2 -o o.npz < x.npy", tmp_path)
+    assert run.returncode == 2 and not (tmp_path / "o.npz").exists()
+    assert run.stderr.decode().endswith("--end -: standard input is already read by --input\n")
+
+
+def test_demo_names_gpu_only_cases_on_the_cpu(capsys):
+    assert cli.main(["demo", "--device", "cpu", "--cases", "dsa-prefill-4096*"]) == 2
+    assert "no case matches 'dsa-prefill-4096*' on cpu (dsa-prefill-4096" in capsys.readouterr().err
+
+
 def test_topk_output_to_dev_null_with_stdin_from_dev_null(tmp_path):
     np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
     run = _shell("attnkit topk -i x.npy -k 2 -o /dev/null < /dev/null", tmp_path)
