@@ -229,7 +229,10 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
                 else:  # as many bytes as the header asks for, as from a file, and no more
                     a = np.lib.format.read_array(_Unread(magic, f), allow_pickle=False)
             except Exception as e:  # numpy raises ValueError, OSError or EOFError for broken headers
-                raise InputError(f"{what} {path}: unreadable .npy file: {_one_line(e)}") from None
+                why = _one_line(e)
+                if re.search(r"<[\w.]+ object at 0x[0-9a-fA-F]+>", why):  # a parser's node
+                    why = "its header is not a literal dict of descr, fortran_order and shape"
+                raise InputError(f"{what} {path}: unreadable .npy file: {why}") from None
     except OSError as e:
         raise InputError(f"{what} {path}: cannot read: {e.strerror or _one_line(e)}") from None
 

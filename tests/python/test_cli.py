@@ -500,6 +500,19 @@ def test_demo_json_write_failure_keeps_the_report(tmp_path):
     assert run.stderr.decode().endswith("--json /dev/full: No space left on device\n")
 
 
+def test_topk_names_a_malformed_npy_header(tmp_path, capsys):
+    # A header whose shape is an expression, not a literal: numpy's own message quotes a parser
+    # node's address.
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (10**9,), }".ljust(117) + "\n"
+    (tmp_path / "x.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little")
+                                     + header.encode())
+    assert cli.main(["topk", "-i", str(tmp_path / "x.npy"), "-k", "2", "-o",
+                     str(tmp_path / "o.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("unreadable .npy file: its header is not a literal dict of descr, "
+                        "fortran_order and shape\n"), err
+
+
 def test_topk_reads_standard_input_once(tmp_path):
     np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
     run = _shell("attnkit topk -i - --end - -k 2 -o o.npz < x.npy", tmp_path)
