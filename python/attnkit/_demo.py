@@ -100,7 +100,7 @@ def select_cases(spec: Optional[str], device: str) -> list[Case]:
         if not hits:
             names = ", ".join(c.name for c in usable)
             gpu = [c.name for c in CASES if c not in usable and fnmatch.fnmatchcase(c.name, pattern)]
-            only = f" ({', '.join(gpu)} run on the GPU only)" if gpu else ""
+            only = f" ({', '.join(gpu)} run{'s' if len(gpu) == 1 else ''} on the GPU only)" if gpu else ""
             raise DemoUsageError(f"--cases: no case matches {pattern!r} on {device}{only}; "
                                  f"cases: {names}")
         chosen.extend(c for c in hits if c not in chosen)
@@ -657,8 +657,12 @@ def _check_writable(path: str) -> None:
     except OSError as e:
         raise DemoUsageError(f"--json {path}: {e.strerror or e}") from None
     if mode is not None and not stat.S_ISREG(mode):
-        # A FIFO, a device or a descriptor's file: opening it to try could block (a FIFO waits
-        # for a reader) or end what reads it, so only its permission is asked.
+        # A FIFO or a character device: opening it to try could block (a FIFO waits for a
+        # reader) or end what reads it, so only its permission is asked. A socket or a block
+        # device takes no JSON.
+        if not (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+            raise DemoUsageError(f"--json {path}: cannot write: not a file, FIFO or character "
+                                 f"device")
         if not os.access(target, os.W_OK):
             raise DemoUsageError(f"--json {path}: cannot write: Permission denied")
         return
@@ -791,7 +795,10 @@ def run(args, json_to: str = "file") -> int:
           file=out)
 
     if json_error is not None:
-        raise DemoUsageError(json_error)
-    if args.json and not json_to_stdout:
+        if not failed:
+            raise DemoUsageError(json_error)
+        if sys.stderr is not None:  # a failed check's exit code comes first
+            print(f"attnkit demo: error: {json_error}", file=sys.stderr)
+    elif args.json and not json_to_stdout:
         print(f"wrote {args.json}", file=out)
     return 1 if failed else 0

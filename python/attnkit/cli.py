@@ -126,17 +126,21 @@ def _names_descriptor(path) -> bool:
     return False
 
 
-_STDOUT_PATH = re.compile(r"/(dev/(stdout|fd/1)|proc/(self|\d+)/fd/1)$")
-
-
 def _names_closed_stdout(path: str) -> bool:
-    """Whether `path` names descriptor 1 (/dev/stdout, /dev/fd/1, /proc/self/fd/1) while
-    standard output is closed (`>&-`): the path then leads nowhere, and is refused as a closed
-    stdout, not as a missing file."""
+    """Whether `path` names this process's descriptor 1 (/dev/stdout, /dev/fd/1,
+    /proc/self/fd/1) while standard output is closed (`>&-`): the path then leads nowhere, and
+    is refused as a closed stdout, not as a missing file."""
     if sys.stdout is not None:
         return False
+    own = re.compile(rf"/(dev/(stdout|fd/1)|proc/(self|thread-self|{os.getpid()})(/task/\d+)?/fd/1)")
     p = os.path.abspath(path)
-    return bool(_STDOUT_PATH.search(p) or _STDOUT_PATH.search(os.path.realpath(p)))
+    return bool(own.fullmatch(p) or own.fullmatch(os.path.realpath(p)))
+
+
+def _reads_stdin(path: Optional[str]) -> bool:
+    """Whether the input path `path` reads standard input: `-`, /dev/stdin, /dev/fd/0."""
+    return path is not None and (path == "-" or (_names_descriptor(path)
+                                                 and _names_stream(path, sys.stdin)))
 
 
 def _names_stream(path: str, stream) -> bool:
@@ -230,7 +234,10 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
                     a = np.lib.format.read_array(_Unread(magic, f), allow_pickle=False)
             except Exception as e:  # numpy raises ValueError, OSError or EOFError for broken headers
                 why = _one_line(e)
-                if re.search(r"<[\w.]+ object at 0x[0-9a-fA-F]+>", why):  # a parser's node
+                # numpy's message for a header that is not a literal quotes a parser's node or
+                # token position.
+                if (isinstance(e, SyntaxError) or type(e).__name__ == "TokenError"
+                        or re.search(r"<[\w.]+ object at 0x[0-9a-fA-F]+>", why)):
                     why = "its header is not a literal dict of descr, fortran_order and shape"
                 raise InputError(f"{what} {path}: unreadable .npy file: {why}") from None
     except OSError as e:
@@ -294,10 +301,13 @@ def cmd_topk(args) -> int:
                      else _same_file(args.output, path)):
             raise InputError(f"--output {args.output}: is the file of {flag}; writing it would "
                              f"replace that input")
-    # Standard input is read once: a second `-` would find it empty, or the rest of a stream.
-    stdin_flags = [flag for name, flag in _FILE_ARRAYS if _file_of(args, name) == "-"]
-    if len(stdin_flags) > 1:
-        raise InputError(f"{stdin_flags[1]} -: standard input is already read by {stdin_flags[0]}")
+    # Standard input is read once: a second `-` (or /dev/stdin) would find it empty, the rest of
+    # a stream, or the same file again.
+    readers = [(flag, _file_of(args, name)) for name, flag in _FILE_ARRAYS
+               if _reads_stdin(_file_of(args, name))]
+    if len(readers) > 1:
+        raise InputError(f"{readers[1][0]} {readers[1][1]}: standard input is already read by "
+                         f"{readers[0][0]}")
     x = load_npy(args.input, "--input", _arrays.X_DTYPES, (1, 2))
     rows = {}
     for name, flag in _FILE_ARRAYS[1:]:
@@ -395,9 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnkit",
         description="attnkit: top-k and related kernels for sparse and linear attention.",
-        epilog="Exit codes: 0 success, 1 a demo check failed or an output could not be written, "
-               "2 usage or input error, 130 interrupted, 141 the reader of standard output "
-               "went away (a closed pipe).")
+        epilog="Exit codes: 0 success, 1 a demo check failed or the report could not be "
+               "printed, 2 usage or input error or an output file could not be written, 130 "
+               "interrupted, 141 the reader of standard output went away (a closed pipe).")
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")

@@ -69,11 +69,17 @@ def _within_int64(k: int, torch_module: Any) -> bool:
 
 
 def _real_0d(value: Any, torch_module: Any) -> bool:
-    """Whether `value` is a 0-d NumPy array or torch tensor of integers or floats (not bool),
-    whose .item() is the real number it holds."""
-    if isinstance(value, np.ndarray):
-        return value.ndim == 0 and value.dtype.kind in "iuf"
+    """Whether `value` is a 0-d NumPy array or scalar of ml_dtypes' formats (bfloat16, ...), or
+    of integers or floats (not bool), or such a torch tensor: one whose .item() is the real
+    number it holds. A tensor is refused while torch.compile traces: the op's schema takes the
+    fills as numbers, which a tensor's value is not until the graph runs."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.ndim == 0 and (value.dtype.kind in "iuf"
+                                    or value.dtype.type.__module__ == "ml_dtypes")
     if torch_module is not None and isinstance(value, torch_module.Tensor):
+        if torch_module.compiler.is_compiling():
+            raise TypeError("topk: value_fill is a tensor; under torch.compile the fills are "
+                            "Python numbers (a tensor's value is known only when the graph runs)")
         return value.ndim == 0 and value.dtype != torch_module.bool and not value.is_complex()
     return False
 

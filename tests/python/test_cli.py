@@ -8,8 +8,10 @@ import io
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 import zipfile
 
 import numpy as np
@@ -467,10 +469,36 @@ def test_stdout_paths_with_stdout_closed_are_named_so(tmp_path, command):
 
 def test_demo_json_into_a_fifo(tmp_path):
     # The check before the run does not open a FIFO (which would end its reader's input).
-    os.mkfifo(tmp_path / "p")
-    run = _shell(f"cat p > got & attnkit demo {_ONE_CASE} --no-progress --json p; wait", tmp_path)
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    run = _shell(f"attnkit demo {_ONE_CASE} --no-progress --json p", tmp_path)
+    reader.join(timeout=10)
+    if reader.is_alive():  # the demo never opened the FIFO: release the reader
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
     assert run.returncode == 0, run.stderr
-    assert [c["name"] for c in json.loads((tmp_path / "got").read_text())["cases"]] == ["dsa-k512"]
+    assert [c["name"] for c in json.loads(got[0])["cases"]] == ["dsa-k512"]
+
+
+def test_demo_json_to_a_socket_is_refused_before_the_run(tmp_path):
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "sock"))
+        run = _shell(f"attnkit demo {_ONE_CASE} --no-progress --json sock", tmp_path)
+    assert run.returncode == 2 and b"checks:" not in run.stdout
+    assert run.stderr.decode().endswith(
+        "--json sock: cannot write: not a file, FIFO or character device\n")
+
+
+def test_paths_like_stdout_in_folders_are_files(tmp_path):
+    # With stdout closed, only this process's descriptor 1 is refused as stdout.
+    np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    os.makedirs(tmp_path / "sub" / "dev")
+    run = _shell("attnkit topk -i x.npy -k 2 -o sub/dev/stdout >&-", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert np.load(tmp_path / "sub" / "dev" / "stdout")["indices"].tolist() == [[1, 2], [1, 2]]
 
 
 def test_demo_json_through_a_dangling_link(tmp_path):
@@ -491,6 +519,18 @@ def test_demo_json_to_a_descriptor_appends(tmp_path):
     assert first == "earlier line" and json.loads(rest)["failures"] == 0
 
 
+def test_demo_json_write_failure_after_a_failed_check_exits_1(monkeypatch, capsys):
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(_demo, "run_cpu_case", fail)
+    code = cli.main(["demo", "--quick", "--no-progress", "--device", "cpu", "--cases", "dsa-k512",
+                     "--json", "/dev/full"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "checks: 0 of 1 cases match the reference" in out
+    assert err.endswith("attnkit demo: error: --json /dev/full: No space left on device\n")
+
+
 def test_demo_json_write_failure_keeps_the_report(tmp_path):
     # The JSON cannot be written after the run (a full disk): the table is still printed, then
     # the error.
@@ -500,10 +540,12 @@ def test_demo_json_write_failure_keeps_the_report(tmp_path):
     assert run.stderr.decode().endswith("--json /dev/full: No space left on device\n")
 
 
-def test_topk_names_a_malformed_npy_header(tmp_path, capsys):
-    # A header whose shape is an expression, not a literal: numpy's own message quotes a parser
-    # node's address.
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (10**9,), }".ljust(117) + "\n"
+@pytest.mark.parametrize("header", ["{'descr': '<f4', 'fortran_order': False, 'shape': (10**9,), }",
+                                    "{'descr': '<f4', 'fortran_order': False, 'shape': (3,"])
+def test_topk_names_a_malformed_npy_header(tmp_path, capsys, header):
+    # A header whose shape is an expression, or that is cut short: numpy's own message quotes a
+    # parser node's address or a token position.
+    header = header.ljust(117) + "\n"
     (tmp_path / "x.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little")
                                      + header.encode())
     assert cli.main(["topk", "-i", str(tmp_path / "x.npy"), "-k", "2", "-o",
@@ -513,11 +555,15 @@ def test_topk_names_a_malformed_npy_header(tmp_path, capsys):
                         "fortran_order and shape\n"), err
 
 
-def test_topk_reads_standard_input_once(tmp_path):
+@pytest.mark.parametrize("given", ["-i - --end -", "-i /dev/stdin --end -",
+                                   "-i - --end /dev/fd/0"])
+def test_topk_reads_standard_input_once(tmp_path, given):
     np.save(tmp_path / "x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
-    run = _shell("attnkit topk -i - --end - -k 2 -o o.npz < x.npy", tmp_path)
+    run = _shell(f"attnkit topk {given} -k 2 -o o.npz < x.npy", tmp_path)
     assert run.returncode == 2 and not (tmp_path / "o.npz").exists()
-    assert run.stderr.decode().endswith("--end -: standard input is already read by --input\n")
+    end = given.split("--end ")[1]
+    assert run.stderr.decode().endswith(f"--end {end}: standard input is already read by "
+                                        f"--input\n")
 
 
 def test_demo_names_gpu_only_cases_on_the_cpu(capsys):

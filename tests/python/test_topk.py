@@ -468,8 +468,10 @@ def test_fills(value_fill, dtype, largest):
     check_topk(x, 12, end=end, index_fill=2**40, indices_dtype="int64")
 
 
-@pytest.mark.parametrize("make", [np.array, np.float32, lambda v: np.array(v, np.float16),
-                                  "torch"], ids=["ndarray", "float32", "float16-ndarray", "tensor"])
+@pytest.mark.parametrize("make", [np.array, lambda v: np.array(v, np.float16),
+                                  lambda v: np.array(v, ml_dtypes.bfloat16), ml_dtypes.bfloat16,
+                                  "torch"],
+                         ids=["ndarray", "float16-ndarray", "bfloat16-ndarray", "bfloat16", "tensor"])
 def test_value_fill_takes_0d_arrays(make):
     # As k and index_fill take 0-d integer arrays: the number the array holds.
     if make == "torch":

@@ -750,6 +750,15 @@ def test_compile_refuses_a_k_beyond_int64_by_its_value(fullgraph):
     assert "topk: k = 1180591620717411303424 must be in [0, 2^31 - 1]" in str(info.value)
 
 
+def test_compile_refuses_a_tensor_value_fill_by_name():
+    # Eagerly a 0-d tensor is read as its number; traced, its value is not known yet.
+    f = torch.compile(lambda a, fill: attnkit.topk(a, 12, value_fill=fill), fullgraph=True)
+    with pytest.raises(Exception) as info:
+        f(torch.randn(4, 10), torch.tensor(-2.5))
+    assert "topk: value_fill is a tensor; under torch.compile the fills are Python numbers" in \
+        str(info.value)
+
+
 def test_compile_names_a_data_dependent_k_that_is_out_of_range():
     # The value is not known when the check's message is written: it says where k comes from
     # instead of quoting the tracer's symbol.
