@@ -679,7 +679,7 @@ def _check_writable(path: str) -> None:
 
 def run(args, json_to: str = "file") -> int:
     """Entry point of ``attnkit demo``; returns the exit code. `json_to` says where --json
-    goes: "file" (replaced), "descriptor" (an open descriptor's file, /dev/stderr or
+    goes: "file" (truncated and written), "descriptor" (an open descriptor's file, /dev/stderr or
     /dev/fd/N: appended to, as its writes would be) or "stdout" (the JSON alone on standard
     output, the report on standard error, so that the two do not mix)."""
     json_to_stdout = json_to == "stdout"
