@@ -418,15 +418,20 @@ def test_demo_json_to_stdout_keeps_the_report_apart(tmp_path, target):
     assert "dsa-k512" in err and "checks: 1 of 1 cases match the reference" in err
 
 
-def test_demo_json_to_stdout_keeps_error_lines_out_of_it(monkeypatch, capsys):
-    # A case that fails is reported on stderr; stdout still holds the JSON alone.
+def _demo_with_a_failing_case(monkeypatch, capsys, json_path: str):
+    """`attnkit demo --json json_path` on one case whose run raises: (exit code, out, err)."""
     def fail(*args, **kwargs):
         raise RuntimeError("planted failure")
 
     monkeypatch.setattr(_demo, "run_cpu_case", fail)
     code = cli.main(["demo", "--quick", "--no-progress", "--device", "cpu", "--cases", "dsa-k512",
-                     "--json", "-"])
-    out, err = capsys.readouterr()
+                     "--json", json_path])
+    return (code, *capsys.readouterr())
+
+
+def test_demo_json_to_stdout_keeps_error_lines_out_of_it(monkeypatch, capsys):
+    # A case that fails is reported on stderr; stdout still holds the JSON alone.
+    code, out, err = _demo_with_a_failing_case(monkeypatch, capsys, "-")
     assert code == 1
     doc = json.loads(out)
     assert [c["check"] for c in doc["cases"]] == ["ERROR"] and doc["failures"] == 1
@@ -520,13 +525,7 @@ def test_demo_json_to_a_descriptor_appends(tmp_path):
 
 
 def test_demo_json_write_failure_after_a_failed_check_exits_1(monkeypatch, capsys):
-    def fail(*args, **kwargs):
-        raise RuntimeError("planted failure")
-
-    monkeypatch.setattr(_demo, "run_cpu_case", fail)
-    code = cli.main(["demo", "--quick", "--no-progress", "--device", "cpu", "--cases", "dsa-k512",
-                     "--json", "/dev/full"])
-    out, err = capsys.readouterr()
+    code, out, err = _demo_with_a_failing_case(monkeypatch, capsys, "/dev/full")
     assert code == 1 and "checks: 0 of 1 cases match the reference" in out
     assert err.endswith("attnkit demo: error: --json /dev/full: No space left on device\n")
 
