@@ -99,8 +99,10 @@ def select_cases(spec: Optional[str], device: str) -> list[Case]:
         hits = [c for c in usable if fnmatch.fnmatchcase(c.name, pattern)]
         if not hits:
             names = ", ".join(c.name for c in usable)
-            gpu = [c.name for c in CASES if c not in usable and fnmatch.fnmatchcase(c.name, pattern)]
-            only = f" ({', '.join(gpu)} run{'s' if len(gpu) == 1 else ''} on the GPU only)" if gpu else ""
+            gpu = [c.name for c in CASES
+                   if c not in usable and fnmatch.fnmatchcase(c.name, pattern)]
+            verb = "runs" if len(gpu) == 1 else "run"
+            only = f" ({', '.join(gpu)} {verb} on the GPU only)" if gpu else ""
             raise DemoUsageError(f"--cases: no case matches {pattern!r} on {device}{only}; "
                                  f"cases: {names}")
         chosen.extend(c for c in hits if c not in chosen)

@@ -132,7 +132,8 @@ def _names_closed_stdout(path: str) -> bool:
     is refused as a closed stdout, not as a missing file."""
     if sys.stdout is not None:
         return False
-    own = re.compile(rf"/(dev/(stdout|fd/1)|proc/(self|thread-self|{os.getpid()})(/task/\d+)?/fd/1)")
+    pid = os.getpid()
+    own = re.compile(rf"/(dev/(stdout|fd/1)|proc/(self|thread-self|{pid})(/task/\d+)?/fd/1)")
     p = os.path.abspath(path)
     return bool(own.fullmatch(p) or own.fullmatch(os.path.realpath(p)))
 
@@ -377,7 +378,8 @@ def cmd_demo(args) -> int:
     # standard output, the report to standard error.
     json_to = "file"
     if args.json is not None:
-        if args.json == "-" or _names_stream(args.json, sys.stdout) or _names_closed_stdout(args.json):
+        if (args.json == "-" or _names_stream(args.json, sys.stdout)
+                or _names_closed_stdout(args.json)):
             if sys.stdout is None:  # started with standard output closed (`>&-`)
                 raise InputError(f"--json {args.json}: standard output is closed")
             json_to = "stdout"

@@ -471,7 +471,8 @@ def test_fills(value_fill, dtype, largest):
 @pytest.mark.parametrize("make", [np.array, lambda v: np.array(v, np.float16),
                                   lambda v: np.array(v, ml_dtypes.bfloat16), ml_dtypes.bfloat16,
                                   "torch"],
-                         ids=["ndarray", "float16-ndarray", "bfloat16-ndarray", "bfloat16", "tensor"])
+                         ids=["ndarray", "float16-ndarray", "bfloat16-ndarray", "bfloat16",
+                              "tensor"])
 def test_value_fill_takes_0d_arrays(make):
     # As k and index_fill take 0-d integer arrays: the number the array holds.
     if make == "torch":
@@ -480,7 +481,8 @@ def test_value_fill_takes_0d_arrays(make):
         make = torch.tensor
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     values, indices = attnkit.topk(x, 6, value_fill=make(-2.5), index_fill=np.array(-7))
-    assert values[:, 4:].tolist() == [[-2.5, -2.5]] * 2 and indices[:, 4:].tolist() == [[-7, -7]] * 2
+    assert values[:, 4:].tolist() == [[-2.5, -2.5]] * 2
+    assert indices[:, 4:].tolist() == [[-7, -7]] * 2
 
 
 def test_value_fill_rounds_once_from_the_exact_value():
