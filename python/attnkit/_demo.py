@@ -109,11 +109,10 @@ def select_cases(spec: Optional[str], device: str) -> list[Case]:
     return chosen
 
 
-def case_list(device: str) -> str:
+def case_list(device: str, spec: Optional[str] = None) -> str:
+    """The cases `--cases spec` (every case without one) runs on `device`, one a line."""
     lines = []
-    for c in CASES:
-        if c.gpu_only and device != "cuda":
-            continue
+    for c in select_cases(spec, device):
         b, n = c.shape(False)
         qb, qn = c.shape(True)
         tags = [t for t, on in (("causal", c.causal), ("issue", c.issue), ("gpu only", c.gpu_only))
@@ -703,7 +702,7 @@ def run(args, json_to: str = "file") -> int:
         out = _Discard()
     device, torch = choose_device(args.device)
     if args.list:
-        print(case_list(device))
+        print(case_list(device, args.cases))
         return 0
     cases = select_cases(args.cases, device)
     threads = _ext.num_threads()

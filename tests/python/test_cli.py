@@ -565,6 +565,13 @@ def test_topk_reads_standard_input_once(tmp_path, given):
                                         f"--input\n")
 
 
+def test_demo_list_shows_the_cases_asked_for(capsys):
+    assert cli.main(["demo", "--device", "cpu", "--list", "--cases", "sample-k1*,dsa-k512"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == ["sample-k1", "sample-k1024-issue", "dsa-k512"]
+    assert cli.main(["demo", "--device", "cpu", "--list", "--cases", "nope"]) == 2
+
+
 def test_demo_names_gpu_only_cases_on_the_cpu(capsys):
     assert cli.main(["demo", "--device", "cpu", "--cases", "dsa-prefill-4096*"]) == 2
     assert "no case matches 'dsa-prefill-4096*' on cpu (dsa-prefill-4096" in capsys.readouterr().err
