@@ -678,12 +678,11 @@ def _check_writable(path: str) -> None:
         os.remove(os.path.realpath(target))  # the new file, not a link that led to it
 
 
-def run(args, json_to: str = "file") -> int:
-    """Entry point of ``attnkit demo``; returns the exit code. `json_to` says where --json
-    goes: "file" (truncated and written), "descriptor" (an open descriptor's file, /dev/stderr or
-    /dev/fd/N: appended to, as its writes would be) or "stdout" (the JSON alone on standard
-    output, the report on standard error, so that the two do not mix)."""
-    json_to_stdout = json_to == "stdout"
+def run(args, json_to_stdout: bool = False) -> int:
+    """Entry point of ``attnkit demo``; returns the exit code. With `json_to_stdout` the JSON
+    goes to standard output and the report to standard error, so that the two do not mix;
+    else --json is written as `attnkit topk` writes its archive (cli.write_output: replaced
+    once complete; an open descriptor's file, /dev/stderr or /dev/fd/N, appended to)."""
     if args.threads is not None:
         if not 1 <= args.threads <= _MAX_THREADS:
             raise DemoUsageError(f"--threads {args.threads}: must be in [1, {_MAX_THREADS}]")
@@ -760,11 +759,11 @@ def run(args, json_to: str = "file") -> int:
             sys.stdout.write("\n")
             sys.stdout.flush()
         else:
+            from .cli import write_output
+
+            text = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
             try:
-                with open(args.json, "a" if json_to == "descriptor" else "w",
-                          encoding="utf-8") as f:
-                    json.dump(doc, f, indent=2)
-                    f.write("\n")
+                write_output(args.json, lambda f: f.write(text))
             except OSError as e:  # raised after the report, which is not lost with it
                 json_error = f"--json {args.json}: {e.strerror or e}"
     print(file=out)

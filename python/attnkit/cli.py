@@ -58,16 +58,22 @@ class _Stream(io.RawIOBase):
 
 
 def _write_archive(path: Path, arrays: dict) -> None:
-    """Writes the .npz archive at `path` (the name as given: np.savez would append ".npz")
+    """Writes the .npz archive at `path`, the name as given (np.savez would append ".npz"),
+    as write_output does."""
+    import numpy as np
+
+    write_output(path, lambda f: np.savez(f, **arrays))
+
+
+def write_output(path, write) -> None:
+    """Writes the file at `path` by `write(f)` (f a binary file, maybe without a position)
     through a temporary file beside it, renamed over `path` once complete, so that a failed
-    write (a full disk) leaves neither a truncated archive nor a damaged earlier file. A path
+    write (a full disk) leaves neither a truncated file nor a damaged earlier one. A path
     that is not a regular file (/dev/null, a FIFO) or that names an open descriptor
     (/dev/stderr, /dev/fd/3, whose file the caller opened to be written, not replaced) is
     written in place, and so is a file with other hard links or in a folder that cannot take
     the temporary file; a file whose mode forbids writing is refused (PermissionError); a
     symbolic link's target is replaced, keeping the link."""
-    import numpy as np
-
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -87,7 +93,7 @@ def _write_archive(path: Path, arrays: dict) -> None:
         # A descriptor's file is appended to, as its writes would be, not truncated at open
         # (`2>> log` keeps the log).
         with open(path, "ab" if descriptor else "wb") as f:
-            np.savez(_Stream(f), **arrays)
+            write(_Stream(f))
         return
     if mode is None:  # what open() would create: 0o666 less the umask
         umask = os.umask(0)
@@ -98,7 +104,7 @@ def _write_archive(path: Path, arrays: dict) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             os.chmod(tmp, stat.S_IMODE(mode))
-            np.savez(f, **arrays)
+            write(f)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -376,17 +382,12 @@ def cmd_demo(args) -> int:
 
     # `--json -`, /dev/stdout, or the file stdout is redirected to: the JSON alone goes to
     # standard output, the report to standard error.
-    json_to = "file"
-    if args.json is not None:
-        if (args.json == "-" or _names_stream(args.json, sys.stdout)
-                or _names_closed_stdout(args.json)):
-            if sys.stdout is None:  # started with standard output closed (`>&-`)
-                raise InputError(f"--json {args.json}: standard output is closed")
-            json_to = "stdout"
-        elif _names_descriptor(args.json):
-            json_to = "descriptor"
+    to_stdout = args.json is not None and (args.json == "-" or _names_stream(args.json, sys.stdout)
+                                           or _names_closed_stdout(args.json))
+    if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
+        raise InputError(f"--json {args.json}: standard output is closed")
     try:
-        return _demo.run(args, json_to=json_to)
+        return _demo.run(args, json_to_stdout=to_stdout)
     except _demo.DemoUsageError as e:
         raise InputError(str(e)) from None
 

@@ -4,6 +4,7 @@ reported before any work; `attnkit topk` writes what attnkit.topk returns."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -528,6 +529,22 @@ def test_demo_json_write_failure_after_a_failed_check_exits_1(monkeypatch, capsy
     code, out, err = _demo_with_a_failing_case(monkeypatch, capsys, "/dev/full")
     assert code == 1 and "checks: 0 of 1 cases match the reference" in out
     assert err.endswith("attnkit demo: error: --json /dev/full: No space left on device\n")
+
+
+def test_demo_json_failed_write_keeps_the_earlier_file(tmp_path, monkeypatch, capsys):
+    # The JSON is written beside the file and renamed over it once complete: a write that fails
+    # leaves the earlier file as it was, and no temporary file.
+    report = tmp_path / "r.json"
+    report.write_text("earlier\n")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", full)
+    code = cli.main(["demo", "--quick", "--no-progress", "--device", "cpu", "--cases", "dsa-k512",
+                     "--json", str(report)])
+    assert code == 2 and report.read_text() == "earlier\n" and os.listdir(tmp_path) == ["r.json"]
+    assert capsys.readouterr().err.endswith(f"--json {report}: No space left on device\n")
 
 
 def test_demo_json_write_failure_keeps_the_report(tmp_path):
