@@ -75,7 +75,8 @@ def write_output(path, write) -> None:
     the temporary file; a file whose mode forbids writing is refused (PermissionError); a
     symbolic link's target is replaced, keeping the link."""
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
+        mode = st.st_mode
     except FileNotFoundError:
         mode = None
     descriptor = _names_descriptor(path)
@@ -86,7 +87,7 @@ def write_output(path, write) -> None:
         if not os.access(path, os.W_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
         folder = os.path.dirname(os.path.realpath(path))
-        in_place = os.stat(path).st_nlink > 1 or not os.access(folder, os.W_OK | os.X_OK)
+        in_place = st.st_nlink > 1 or not os.access(folder, os.W_OK | os.X_OK)
     else:
         in_place = False
     if in_place or descriptor or (mode is not None and not stat.S_ISREG(mode)):
@@ -142,6 +143,16 @@ def _names_closed_stdout(path: str) -> bool:
     own = re.compile(rf"/(dev/(stdout|fd/1)|proc/(self|thread-self|{pid})(/task/\d+)?/fd/1)")
     p = os.path.abspath(path)
     return bool(own.fullmatch(p) or own.fullmatch(os.path.realpath(p)))
+
+
+def _writes_stdout(path: Optional[str], flag: str) -> bool:
+    """Whether the output path `path` (of option `flag`) writes standard output: `-`,
+    /dev/stdout, or the file stdout is redirected to. InputError when stdout is closed."""
+    to_stdout = path is not None and (path == "-" or _names_stream(path, sys.stdout)
+                                      or _names_closed_stdout(path))
+    if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
+        raise InputError(f"{flag} {path}: standard output is closed")
+    return to_stdout
 
 
 def _reads_stdin(path: Optional[str]) -> bool:
@@ -292,10 +303,7 @@ def cmd_topk(args) -> int:
         raise InputError(f"-k {args.k}: must be in [0, 2^31 - 1]")
     if not args.output:
         raise InputError("--output '': empty path")
-    to_stdout = (args.output == "-" or _names_stream(args.output, sys.stdout)
-                 or _names_closed_stdout(args.output))
-    if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
-        raise InputError(f"--output {args.output}: standard output is closed")
+    to_stdout = _writes_stdout(args.output, "--output")
     # A file opened to be read (`-o /dev/stdin < x.npy`) is refused; a device is not: writing
     # /dev/null with stdin from /dev/null (cron, CI) harms nothing.
     if (args.output != "-" and _names_stream(args.output, sys.stdin)
@@ -380,14 +388,9 @@ def cmd_info(args) -> int:
 def cmd_demo(args) -> int:
     from . import _demo
 
-    # `--json -`, /dev/stdout, or the file stdout is redirected to: the JSON alone goes to
-    # standard output, the report to standard error.
-    to_stdout = args.json is not None and (args.json == "-" or _names_stream(args.json, sys.stdout)
-                                           or _names_closed_stdout(args.json))
-    if to_stdout and sys.stdout is None:  # started with standard output closed (`>&-`)
-        raise InputError(f"--json {args.json}: standard output is closed")
+    # JSON on standard output: alone there, the report goes to standard error.
     try:
-        return _demo.run(args, json_to_stdout=to_stdout)
+        return _demo.run(args, json_to_stdout=_writes_stdout(args.json, "--json"))
     except _demo.DemoUsageError as e:
         raise InputError(str(e)) from None
 

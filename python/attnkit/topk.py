@@ -68,20 +68,21 @@ def _within_int64(k: int, torch_module: Any) -> bool:
     return -2**63 <= k < 2**63
 
 
-def _real_0d(value: Any, torch_module: Any) -> bool:
-    """Whether `value` is a 0-d NumPy array or scalar of ml_dtypes' formats (bfloat16, ...), or
-    of integers or floats (not bool), or such a torch tensor: one whose .item() is the real
-    number it holds. A tensor is refused while torch.compile traces: the op's schema takes the
-    fills as numbers, which a tensor's value is not until the graph runs."""
+def _number_of_0d(value: Any, torch_module: Any) -> Any:
+    """The number a 0-d NumPy array or scalar (of integers, floats or ml_dtypes' formats such
+    as bfloat16, not bool) or 0-d torch tensor holds; any other value as it is. A tensor is
+    refused while torch.compile traces: the op's schema takes the fills as numbers, which a
+    tensor's value is not until the graph runs."""
     if isinstance(value, (np.ndarray, np.generic)):
-        return value.ndim == 0 and (value.dtype.kind in "iuf"
-                                    or value.dtype.type.__module__ == "ml_dtypes")
+        real = value.dtype.kind in "iuf" or value.dtype.type.__module__ == "ml_dtypes"
+        return value.item() if value.ndim == 0 and real else value
     if torch_module is not None and isinstance(value, torch_module.Tensor):
         if torch_module.compiler.is_compiling():
             raise TypeError("topk: value_fill is a tensor; under torch.compile the fills are "
                             "Python numbers (a tensor's value is known only when the graph runs)")
-        return value.ndim == 0 and value.dtype != torch_module.bool and not value.is_complex()
-    return False
+        real = value.dtype != torch_module.bool and not value.is_complex()
+        return value.item() if value.ndim == 0 and real else value
+    return value
 
 
 def _real(value: Any) -> float:
@@ -307,8 +308,7 @@ def topk(
         raise TypeError(f"topk: largest = {largest!r}; expected a bool")
     if not isinstance(return_values, (bool, np.bool_)):
         raise TypeError(f"topk: return_values = {return_values!r}; expected a bool")
-    if _real_0d(value_fill, torch_module):  # as k and index_fill take 0-d integer arrays
-        value_fill = value_fill.item()
+    value_fill = _number_of_0d(value_fill, torch_module)  # as k and index_fill take 0-d ints
     if value_fill is not None and (isinstance(value_fill, (str, bytes, bool))
                                    or not isinstance(value_fill, numbers.Real)):
         raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
