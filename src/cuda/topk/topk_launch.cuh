@@ -459,8 +459,10 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     const bool list = Traits::kBits == 16 && (p.sort_by_value || slots <= kShortListSlots);
     p.candidate_words = list ? 2 * slots : 0;
     const std::size_t smem = kept_list_bytes(slots, p.sort_by_value || list);
-    if constexpr (Traits::kBits == 32) {  // the plan gives only fp32 rows the wide CTAs
-      if (plan.short_threads == kShortWideThreads && !p.sort_by_value) {  // they carry no sort
+    // The plan gives the wide CTAs, which carry no sort, only to fp32 rows without
+    // sorted="value" (make_launch).
+    if constexpr (Traits::kBits == 32) {
+      if (plan.short_threads == kShortWideThreads) {
         constexpr int kPer = kShortMaxLen / kShortWideThreads;
         launch(topk_short_rows_kernel<Traits, kShortWideThreads, kPer, 3>, plan.batch,
                kShortWideThreads, smem, stream, p, "topk_short_rows_kernel<512>");
