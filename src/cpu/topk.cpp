@@ -17,6 +17,7 @@
 // Rows are spread over the thread pool; when there are fewer rows than threads, each row is cut
 // into column-ordered segments whose top-k lists are concatenated and reconstructed once more.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -643,8 +644,11 @@ template <class Traits>
 NanPosition find_nan(const TopkProblem& p) {
   using Bits = typename Traits::Bits;
   ThreadPool& pool = ThreadPool::global();
-  std::vector<char> found(static_cast<std::size_t>(p.batch), 0);
+  // The lowest row found so far: no memory per row (B may be 2^31 - 1 broadcast rows), and
+  // rows past it need no scan.
+  std::atomic<std::int64_t> first{p.batch};
   pool.parallel_for(p.batch, [&](std::int64_t b) {
+    if (b > first.load(std::memory_order_relaxed)) return;
     const cpu::RowRange r = cpu::row_range(p, b);
     const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride + r.lo;
     const std::int64_t n = r.hi - r.lo;
@@ -652,12 +656,14 @@ NanPosition find_nan(const TopkProblem& p) {
     if constexpr (std::is_same_v<Traits, Float32Traits>) any = has_nan_f32(row, n);
     if constexpr (std::is_same_v<Traits, BFloat16Traits>) any = has_nan_bf16(row, n);
     if constexpr (std::is_same_v<Traits, Float16Traits>) any = has_nan_f16(row, n);
-    found[static_cast<std::size_t>(b)] = any;
+    if (!any) return;
+    std::int64_t seen = first.load(std::memory_order_relaxed);
+    while (b < seen && !first.compare_exchange_weak(seen, b, std::memory_order_relaxed)) {
+    }
   });
   NanPosition at;
-  const auto first = std::find(found.begin(), found.end(), 1);
-  if (first == found.end()) return at;
-  at.row = first - found.begin();
+  if (first.load() == p.batch) return at;
+  at.row = first.load();
   const cpu::RowRange r = cpu::row_range(p, at.row);
   const Bits* row = static_cast<const Bits*>(p.x) + at.row * p.row_stride;
   for (at.col = r.lo; !is_nan_bits<Traits>(row[at.col]); ++at.col) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <ostream>
 #include <random>
@@ -22,10 +23,13 @@ namespace {
 
 std::atomic<bool> g_armed{false};
 std::atomic<long> g_left{0};  // allocations that succeed before one fails, while armed
+// Any allocation of more bytes fails (a memory limit that holds the call's fixed needs).
+std::atomic<std::size_t> g_fail_above{~std::size_t{0}};
 
 }  // namespace
 
 void* operator new(std::size_t n) {
+  if (n > g_fail_above.load(std::memory_order_relaxed)) throw std::bad_alloc();
   if (g_armed.load(std::memory_order_relaxed) &&
       g_left.fetch_sub(1, std::memory_order_relaxed) == 0) {
     throw std::bad_alloc();
@@ -119,6 +123,35 @@ TEST_P(TopkOutOfMemory, NothingIsWrittenWhenAnAllocationFails) {
   EXPECT_EQ(named, failures) << "a failure did not name the working buffers";
   EXPECT_EQ(values, want_values);
   EXPECT_EQ(indices, want_indices);
+}
+
+// nan = kRaise looks for the first row with a NaN using no memory per row: over 2^26
+// broadcast rows of one element (no outputs, k = 0) every allocation stays under 32 MiB.
+TEST(TopkNanScanMemory, NoMemoryPerRow) {
+  const std::int64_t rows = std::int64_t{1} << 26;
+  float nan_row[1] = {std::numeric_limits<float>::quiet_NaN()};
+  float number_row[1] = {1.0f};
+  const attnkit::Device cpu{};
+  for (float* x : {nan_row, number_row}) {
+    attnkit::TopkTensors t;
+    t.x = TensorView::make(x, DType::kFloat32, cpu, {rows, 1}, {0, 1});
+    t.out_indices = TensorView::make(nullptr, DType::kInt64, cpu, {rows, 0});
+    attnkit::TopkOptions o;
+    o.k = 0;
+    o.nan = attnkit::NanPolicy::kRaise;
+    bool out_of_memory = false, nan_found = false;
+    g_fail_above.store(std::size_t{32} << 20);
+    try {
+      attnkit::topk(t, o);
+    } catch (const std::bad_alloc&) {
+      out_of_memory = true;
+    } catch (const attnkit::Error& e) {
+      nan_found = e.code() == attnkit::ErrorCode::kNanFound;
+    }
+    g_fail_above.store(~std::size_t{0});
+    EXPECT_FALSE(out_of_memory);
+    EXPECT_EQ(nan_found, x == nan_row);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
