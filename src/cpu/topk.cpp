@@ -645,25 +645,31 @@ NanPosition find_nan(const TopkProblem& p) {
   using Bits = typename Traits::Bits;
   ThreadPool& pool = ThreadPool::global();
   // The lowest row found so far: no memory per row (B may be 2^31 - 1 broadcast rows), and
-  // rows past it need no scan.
+  // rows past it need no scan. A task per block of rows, each block in ascending order, keeps
+  // scheduling off short rows, as run_rows does.
   std::atomic<std::int64_t> first{p.batch};
-  pool.parallel_for(p.batch, [&](std::int64_t b) {
-    if (b > first.load(std::memory_order_relaxed)) return;
-    const cpu::RowRange r = cpu::row_range(p, b);
-    const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride + r.lo;
-    const std::int64_t n = r.hi - r.lo;
-    bool any = false;
-    if constexpr (std::is_same_v<Traits, Float32Traits>) any = has_nan_f32(row, n);
-    if constexpr (std::is_same_v<Traits, BFloat16Traits>) any = has_nan_bf16(row, n);
-    if constexpr (std::is_same_v<Traits, Float16Traits>) any = has_nan_f16(row, n);
-    if (!any) return;
-    std::int64_t seen = first.load(std::memory_order_relaxed);
-    while (b < seen && !first.compare_exchange_weak(seen, b, std::memory_order_relaxed)) {
+  const std::int64_t tasks = std::min<std::int64_t>(p.batch, pool.size() * 8);
+  pool.parallel_for(tasks, [&](std::int64_t t) {
+    const std::int64_t last = p.batch * (t + 1) / tasks;
+    for (std::int64_t b = p.batch * t / tasks; b < last; ++b) {
+      if (b > first.load(std::memory_order_relaxed)) return;
+      const cpu::RowRange r = cpu::row_range(p, b);
+      const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride + r.lo;
+      const std::int64_t n = r.hi - r.lo;
+      bool any = false;
+      if constexpr (std::is_same_v<Traits, Float32Traits>) any = has_nan_f32(row, n);
+      if constexpr (std::is_same_v<Traits, BFloat16Traits>) any = has_nan_bf16(row, n);
+      if constexpr (std::is_same_v<Traits, Float16Traits>) any = has_nan_f16(row, n);
+      if (!any) continue;
+      std::int64_t seen = first.load(std::memory_order_relaxed);
+      while (b < seen && !first.compare_exchange_weak(seen, b, std::memory_order_relaxed)) {
+      }
+      return;  // the block's later rows cannot be first
     }
   });
   NanPosition at;
-  if (first.load() == p.batch) return at;
   at.row = first.load();
+  if (at.row == p.batch) return {};
   const cpu::RowRange r = cpu::row_range(p, at.row);
   const Bits* row = static_cast<const Bits*>(p.x) + at.row * p.row_stride;
   for (at.col = r.lo; !is_nan_bits<Traits>(row[at.col]); ++at.col) {

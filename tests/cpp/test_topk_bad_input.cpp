@@ -904,6 +904,40 @@ TEST_F(TopkBadInput, NanInValidRangeRaises) {
   }
 }
 
+/// With NaNs in many rows, the error names the first row's, whichever thread scans it and
+/// whatever the others find meanwhile (each row ends in a NaN, so that several threads are
+/// inside rows with NaNs at once), and not one outside its row's valid range before it.
+TEST_F(TopkBadInput, NanInManyRowsNamesTheFirst) {
+  const int threads = attnkit::num_threads();
+  attnkit::set_num_threads(4);
+  TopkCase c;
+  c.dtype = DType::kFloat32;
+  c.dist = Dist::kNormal;
+  c.seed = 31;
+  c.batch = 256;
+  c.n = 4096;
+  c.k = 3;
+  c.nan = NanPolicy::kRaise;
+  c.ranges = Ranges::kBoth;
+  c.begin_values.assign(256, 0);
+  c.end_values.assign(256, 4096);
+  c.end_values[3] = 2000;
+  TopkInputs in = make_inputs(c);
+  const std::uint32_t nan = nan_payloads(c.dtype)[0];
+  in.x.set(in.x_first + 3 * in.row_stride + 3000, nan);
+  for (std::int64_t row = 5; row < c.batch; ++row) {
+    in.x.set(in.x_first + row * in.row_stride + c.n - 1, nan);
+  }
+  for (int repeat = 0; repeat < 50; ++repeat) {
+    TopkOutputs out = make_outputs(c);
+    const CallResult r = call_topk(c, in, out, TopkBackend::kAuto);
+    ASSERT_TRUE(r.threw);
+    EXPECT_EQ(r.code, ErrorCode::kNanFound) << r.message;
+    ASSERT_NE(r.message.find("x[5, 4095]"), std::string::npos) << r.message;
+  }
+  attnkit::set_num_threads(threads);
+}
+
 /// NaNs before begin, at end and beyond, and in the gaps between padded rows lie outside every
 /// valid range: nan = raise must not see them, and the result is the NaN-free one.
 TEST_F(TopkBadInput, NanOutsideValidRangeDoesNotRaise) {
