@@ -1,26 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-// The README's C++ example as a program: prints value:index for each output slot.
+// A consumer of attnkit built as a subproject: the best two of one row, printed as
+// value:index.
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
 #include "attnkit/attnkit.hpp"
 
 int main() {
-  std::vector<float> x = {0.5f, 3.0f, -1.0f, 3.0f, 2.0f, 9.0f, 1.0f, 8.0f, 7.0f, 6.0f};
-  std::vector<float> values(2 * 3);
-  std::vector<std::int64_t> indices(2 * 3);
-  const attnkit::Device cpu{};
+  float x[4] = {0.5f, 4.0f, -1.0f, 2.0f};
+  float values[2] = {};
+  std::int32_t indices[2] = {};
   attnkit::TopkTensors t;
-  t.x = attnkit::TensorView::make(x.data(), attnkit::DType::kFloat32, cpu, {2, 5});
-  t.out_values = attnkit::TensorView::make(values.data(), attnkit::DType::kFloat32, cpu, {2, 3});
-  t.out_indices = attnkit::TensorView::make(indices.data(), attnkit::DType::kInt64, cpu, {2, 3});
+  t.x = attnkit::TensorView::make(x, attnkit::DType::kFloat32, {}, {4});
+  t.out_values = attnkit::TensorView::make(values, attnkit::DType::kFloat32, {}, {2});
+  t.out_indices = attnkit::TensorView::make(indices, attnkit::DType::kInt32, {}, {2});
   attnkit::TopkOptions options;
-  options.k = 3;
+  options.k = 2;
   options.sorted = attnkit::TopkOrder::kValue;
   attnkit::topk(t, options);
-  for (int i = 0; i < 6; ++i) {
-    std::printf("%g:%lld%s", values[i], static_cast<long long>(indices[i]), i < 5 ? " " : "\n");
-  }
+  std::printf("%g:%d %g:%d\n", values[0], indices[0], values[1], indices[1]);
   return 0;
 }
