@@ -908,7 +908,7 @@ TEST_F(TopkBadInput, NanInValidRangeRaises) {
 /// whatever the others find meanwhile (each row ends in a NaN, so that several threads are
 /// inside rows with NaNs at once), and not one outside its row's valid range before it.
 TEST_F(TopkBadInput, NanInManyRowsNamesTheFirst) {
-  const int threads = attnkit::num_threads();
+  ThreadCountGuard restore;
   attnkit::set_num_threads(4);
   TopkCase c;
   c.dtype = DType::kFloat32;
@@ -935,7 +935,6 @@ TEST_F(TopkBadInput, NanInManyRowsNamesTheFirst) {
     EXPECT_EQ(r.code, ErrorCode::kNanFound) << r.message;
     ASSERT_NE(r.message.find("x[5, 4095]"), std::string::npos) << r.message;
   }
-  attnkit::set_num_threads(threads);
 }
 
 /// NaNs before begin, at end and beyond, and in the gaps between padded rows lie outside every
