@@ -279,9 +279,11 @@ _MAX_DIMS = 6  # attnkit::kMaxDims
 
 def raw_view(a: Any, name: str, writable: bool = False) -> Any:
     """What the extension takes for array `a`: a raw-view tuple, or `a` itself for DLPack."""
-    check_array(a, name)
     cls = type(a)
-    if cls is not np.ndarray and cls is not _tensor_type:
+    if cls is _tensor_type:  # the common case, without the checks that other types need
+        return _torch_view(a, name, writable)
+    check_array(a, name)
+    if cls is not np.ndarray:
         # A subclass may override shape, dtype or strides with values its memory does not
         # have: its layout is read through a base-class view of the same memory.
         if isinstance(a, np.ndarray):
@@ -295,51 +297,61 @@ def raw_view(a: Any, name: str, writable: bool = False) -> Any:
                 a = base  # wrapper subclasses, without memory, keep their name for the refusal
     if is_bare_producer(a):
         return a  # the extension reads its export (rank checked there)
+    if is_torch(a):
+        return _torch_view(a, name, writable)
     shape = a.shape
+    _check_dims(shape, name)
+    if writable and not a.flags.writeable:
+        raise ValueError(f"topk: {name} is read-only; outputs must be writable")
+    code = _NUMPY_CODES.get(a.dtype)  # native byte order only: no other dtype equals these
+    if code is None:
+        check_byte_order(a, name)
+        raise no_such_dtype(name, a.dtype)
+    ptr, strides = _ext.ndarray_data(a)
+    if strides is None:
+        raise ValueError(f"topk: {name} has byte strides {a.strides} that are not multiples "
+                         f"of its itemsize {a.dtype.itemsize}")
+    return (ptr, shape, strides, code, 0, 0)
+
+
+def _check_dims(shape: tuple, name: str) -> None:
     if len(shape) > _MAX_DIMS:
         raise ValueError(f"topk: {name} has {len(shape)} dimensions (shape {tuple(shape)}); "
                          f"topk takes x as [B, N] or [N], and [B] or [B, k] for the others")
-    if isinstance(a, np.ndarray):
-        if writable and not a.flags.writeable:
-            raise ValueError(f"topk: {name} is read-only; outputs must be writable")
-        code = _NUMPY_CODES.get(a.dtype)  # native byte order only: no other dtype equals these
-        if code is None:
-            check_byte_order(a, name)
-            raise no_such_dtype(name, a.dtype)
-        ptr, strides = _ext.ndarray_data(a)
-        if strides is None:
-            raise ValueError(f"topk: {name} has byte strides {a.strides} that are not multiples "
-                             f"of its itemsize {a.dtype.itemsize}")
-        return (ptr, shape, strides, code, 0, 0)
-    if is_torch(a):
-        if a.is_neg() or a.is_conj():
-            what = "output" if writable else "input (resolve it first)"
-            raise ValueError(f"topk: {name} is a torch view with its negative or conjugate bit "
-                             f"set, which attnkit cannot read or write as memory; pass a plain "
-                             f"tensor as this {what}")
-        if a.layout != _strided:
-            raise TypeError(f"topk: {name} has layout {a.layout}; expected a strided (dense) tensor")
-        known = _torch_dtype_name(a.dtype)
-        if known is None:
-            raise no_such_dtype(name, a.dtype)
-        # is_cpu/is_cuda/get_device() rather than a.device.type: no device object per call.
-        if a.is_cpu:
-            device_type, index = 0, 0
-        elif a.is_cuda:
-            device_type, index = 1, a.get_device()
-        else:
-            raise ValueError(f"topk: {name} is on device {a.device}; attnkit runs on cpu and cuda "
-                             "tensors")
-        ptr = a.data_ptr()
-        if ptr == 0 and a.numel() > 0:
-            # Wrapper subclasses (e.g. a __torch_dispatch__ tensor over others) and zero tensors
-            # hold no memory of their own to read or write.
-            raise ValueError(f"topk: {name} ({type(a).__name__}, {a.numel()} elements) has no "
-                             f"storage of its own, as tensor subclasses that wrap others and "
-                             f"zero tensors; pass a plain dense tensor, or call "
-                             f"torch.ops.attnkit.topk, which dispatches through subclasses")
-        # a.shape is a torch.Size, a tuple, as the extension takes it.
-        return (ptr, shape, a.stride(), DTYPE_CODES[known], device_type, index)
+
+
+def _torch_view(a: Any, name: str, writable: bool) -> tuple:
+    """raw_view of a torch tensor: torch.Tensor itself, or a plain view of a subclass's memory
+    (or the subclass, when it has none, to be refused by its name)."""
+    shape = a.shape  # a torch.Size, a tuple, as the extension takes it
+    _check_dims(shape, name)
+    if a.is_neg() or a.is_conj():
+        what = "output" if writable else "input (resolve it first)"
+        raise ValueError(f"topk: {name} is a torch view with its negative or conjugate bit "
+                         f"set, which attnkit cannot read or write as memory; pass a plain "
+                         f"tensor as this {what}")
+    if a.layout != _strided:
+        raise TypeError(f"topk: {name} has layout {a.layout}; expected a strided (dense) tensor")
+    known = _torch_dtype_name(a.dtype)
+    if known is None:
+        raise no_such_dtype(name, a.dtype)
+    # is_cpu/is_cuda/get_device() rather than a.device.type: no device object per call.
+    if a.is_cpu:
+        device_type, index = 0, 0
+    elif a.is_cuda:
+        device_type, index = 1, a.get_device()
+    else:
+        raise ValueError(f"topk: {name} is on device {a.device}; attnkit runs on cpu and cuda "
+                         "tensors")
+    ptr = a.data_ptr()
+    if ptr == 0 and a.numel() > 0:
+        # Wrapper subclasses (e.g. a __torch_dispatch__ tensor over others) and zero tensors
+        # hold no memory of their own to read or write.
+        raise ValueError(f"topk: {name} ({type(a).__name__}, {a.numel()} elements) has no "
+                         f"storage of its own, as tensor subclasses that wrap others and "
+                         f"zero tensors; pass a plain dense tensor, or call "
+                         f"torch.ops.attnkit.topk, which dispatches through subclasses")
+    return (ptr, shape, a.stride(), DTYPE_CODES[known], device_type, index)
 
 
 def device_of(a: Any, name: str = "x") -> tuple[str, int]:
@@ -393,23 +405,46 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def empty_with_view(ref: Any, ref_view: Any, shape: tuple[int, ...], dtype: str,
-                    name: str) -> tuple[Any, Any]:
-    """An uninitialised array of `shape` and `dtype` in ref's framework and on ref's device, and
-    its raw view (`ref_view` is ref's). An array made here has ref's device, the dtype asked for
+_TORCH_DTYPES: dict = {}  # torch's dtype object by attnkit's name, looked up once each
+
+
+def empty_outputs(ref: Any, ref_view: Any, shape: tuple[int, ...], dtypes: tuple,
+                  names: tuple) -> list:
+    """For each dtype of `dtypes` (None: none wanted), an uninitialised array of `shape` and
+    that dtype in ref's framework and on ref's device, and its raw view (`ref_view` is ref's),
+    as (array, view), or (None, None). An array made here has ref's device, the dtype asked for
     and memory of its own, so its view is read off it rather than checked as a caller's buffer
     is, which would cost more than the allocation."""
-    if type(ref_view) is tuple:  # ref is a NumPy array or a torch tensor
-        if isinstance(ref, np.ndarray):
-            out = np.empty(shape, dtype=_NUMPY_DTYPES[dtype])
-            ptr, strides = _ext.ndarray_data(out)
-            return out, (ptr, shape, strides, DTYPE_CODES[dtype], 0, 0)
-        torch = _torch()
-        # torch.empty_strided with the strides given is 1.1 us cheaper a call than torch.empty
-        # on a CUDA device (H200 host), and leaves no strides to read back.
-        strides = _contiguous_strides(shape)
-        out = torch.empty_strided(shape, strides, dtype=getattr(torch, dtype), device=ref.device)
-        return out, (out.data_ptr(), shape, strides, DTYPE_CODES[dtype], ref_view[4], ref_view[5])
+    if type(ref_view) is not tuple or isinstance(ref, np.ndarray):
+        return [(None, None) if d is None else _empty_with_view(ref, ref_view, shape, d, name)
+                for d, name in zip(dtypes, names)]
+    # A torch tensor. torch.empty_strided with the strides given is 1.1 us cheaper a call than
+    # torch.empty on a CUDA device (H200 host), and leaves no strides to read back; what the
+    # outputs share (strides, device, the allocator) is looked up once.
+    empty_strided = _torch().empty_strided
+    strides = _contiguous_strides(shape)
+    device = ref.device
+    made = []
+    for dtype in dtypes:
+        if dtype is None:
+            made.append((None, None))
+            continue
+        torch_dtype = _TORCH_DTYPES.get(dtype)
+        if torch_dtype is None:
+            torch_dtype = _TORCH_DTYPES[dtype] = getattr(_torch(), dtype)
+        out = empty_strided(shape, strides, dtype=torch_dtype, device=device)
+        made.append((out, (out.data_ptr(), shape, strides, DTYPE_CODES[dtype], ref_view[4],
+                           ref_view[5])))
+    return made
+
+
+def _empty_with_view(ref: Any, ref_view: Any, shape: tuple[int, ...], dtype: str,
+                     name: str) -> tuple[Any, Any]:
+    """empty_outputs' array and view for one dtype, where ref is not a torch tensor."""
+    if isinstance(ref, np.ndarray):
+        out = np.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+        ptr, strides = _ext.ndarray_data(out)
+        return out, (ptr, shape, strides, DTYPE_CODES[dtype], 0, 0)
     module = type(ref).__module__.split(".")[0]
     if module == "cupy":
         import cupy

@@ -308,32 +308,39 @@ def topk(
         raise TypeError(f"topk: largest = {largest!r}; expected a bool")
     if not isinstance(return_values, (bool, np.bool_)):
         raise TypeError(f"topk: return_values = {return_values!r}; expected a bool")
-    value_fill = _number_of_0d(value_fill, torch_module)  # as k and index_fill take 0-d ints
-    if value_fill is not None and (isinstance(value_fill, (str, bytes, bool))
-                                   or not isinstance(value_fill, numbers.Real)):
-        raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
+    if value_fill is not None:
+        value_fill = _number_of_0d(value_fill, torch_module)  # as k and index_fill take 0-d ints
+        if (isinstance(value_fill, (str, bytes, bool))
+                or not isinstance(value_fill, numbers.Real)):
+            raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
     if out_values is not None and not return_values:
         raise ValueError("topk: out_values is given but return_values = False")
+    is_torch = _arrays.is_torch
+    buffers_given = out_values is not None or out_indices is not None
     # A bare DLPack argument is read or written as it exports itself: shape or dtype attributes
     # that say otherwise are refused by its name (as for x), not quoted in other errors.
     exported_index = None
-    for name, out in (("out_values", out_values), ("out_indices", out_indices)):
-        if out is not None and _arrays.is_jax(out):  # its export does not say so
-            raise ValueError(f"topk: {name} is a JAX array, which is immutable; outputs must be "
-                             f"writable (leave {name} out to get a JAX array back)")
-    for name, a in (("begin", begin), ("end", end), ("index_offset", index_offset),
-                    ("out_values", out_values)):
-        if a is not None and _arrays.is_bare_producer(a):
-            _arrays.dlpack_layout(a, name)
-    if out_indices is not None and _arrays.is_bare_producer(out_indices):
-        exported_index = _arrays.dlpack_layout(out_indices, "out_indices")[1]
+    if buffers_given:
+        for name, out in (("out_values", out_values), ("out_indices", out_indices)):
+            if out is not None and _arrays.is_jax(out):  # its export does not say so
+                raise ValueError(f"topk: {name} is a JAX array, which is immutable; outputs "
+                                 f"must be writable (leave {name} out to get a JAX array back)")
+    if begin is not None or end is not None or index_offset is not None or buffers_given:
+        for name, a in (("begin", begin), ("end", end), ("index_offset", index_offset),
+                        ("out_values", out_values)):
+            if a is not None and _arrays.is_bare_producer(a):
+                _arrays.dlpack_layout(a, name)
+        if out_indices is not None and _arrays.is_bare_producer(out_indices):
+            exported_index = _arrays.dlpack_layout(out_indices, "out_indices")[1]
     index_name = None
     # JAX without jax_enable_x64 holds no int64 array: its indices are int32 unless asked for.
-    narrow = out_indices is None and _arrays.is_jax(x) and not _arrays.jax_keeps_int64()
-    if out_indices is None or indices_dtype is not None:
+    narrow = (out_indices is None and not is_torch(x) and _arrays.is_jax(x)
+              and not _arrays.jax_keeps_int64())
+    if indices_dtype is None and out_indices is None:
+        index_name = "int32" if narrow else "int64"
+    elif indices_dtype is not None:
         try:
-            index_name = _arrays.dtype_name(
-                ("int32" if narrow else "int64") if indices_dtype is None else indices_dtype)
+            index_name = _arrays.dtype_name(indices_dtype)
         except TypeError:
             pass
         if index_name not in ("int32", "int64"):
@@ -353,8 +360,6 @@ def topk(
             raise ValueError(f"topk: indices_dtype = {index_name} but out_indices has dtype "
                              f"{buffer_index}; leave indices_dtype out or give the same dtype")
 
-    is_torch = _arrays.is_torch
-    buffers_given = out_values is not None or out_indices is not None
     buffers = (("out_values", out_values), ("out_indices", out_indices)) if buffers_given else ()
     for name, out in buffers:
         if not is_torch(out):
@@ -457,12 +462,13 @@ def topk(
         _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
         _check_host_memory(x, out_shape, k, make_indices, make_values)
     indices_view = values_view = None
-    if made_indices:
-        out_indices, indices_view = _arrays.empty_with_view(x, x_view, out_shape, make_indices,
-                                                            "out_indices")
-    if made_values:
-        out_values, values_view = _arrays.empty_with_view(x, x_view, out_shape, make_values,
-                                                          "out_values")
+    if made_indices or made_values:
+        (made_i, indices_view), (made_v, values_view) = _arrays.empty_outputs(
+            x, x_view, out_shape, (make_indices, make_values), ("out_indices", "out_values"))
+        if made_indices:
+            out_indices = made_i
+        if made_values:
+            out_values = made_v
     if indices_view is None:
         indices_view = raw_view(out_indices, "out_indices", writable=True)
     if values_view is None and out_values is not None:
