@@ -48,6 +48,7 @@ import argparse
 import importlib
 import json
 import math
+import platform
 import statistics
 import sys
 import time
@@ -57,24 +58,31 @@ import torch
 import attnkit
 
 L2_FLUSH_BYTES = 256 << 20
+DEVICE = "cuda"  # or "cpu" (--device cpu, eager calls only)
+
+
+def sync() -> None:
+    """Waits for the work queued on DEVICE (nothing to wait for on the CPU)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def make_input(pattern: str, batch: int, n: int, dtype: torch.dtype, gen: torch.Generator):
     if pattern == "normal":
-        x = torch.randn(batch, n, device="cuda", generator=gen)
+        x = torch.randn(batch, n, device=DEVICE, generator=gen)
     elif pattern == "dsa":
         # Indexer scores: sum over 4 heads of w_h * relu(q . k); many exact zeros.
-        h = torch.randn(4, batch, n, device="cuda", generator=gen).clamp_min_(0)
-        x = (h * torch.rand(4, 1, 1, device="cuda", generator=gen)).sum(0)
+        h = torch.randn(4, batch, n, device=DEVICE, generator=gen).clamp_min_(0)
+        x = (h * torch.rand(4, 1, 1, device=DEVICE, generator=gen)).sum(0)
     elif pattern == "ascending":
-        x = torch.arange(n, device="cuda", dtype=torch.float32).expand(batch, n).contiguous()
-        x = x / n + torch.rand(batch, 1, device="cuda", generator=gen)
+        x = torch.arange(n, device=DEVICE, dtype=torch.float32).expand(batch, n).contiguous()
+        x = x / n + torch.rand(batch, 1, device=DEVICE, generator=gen)
     elif pattern == "ties":
-        x = torch.randint(0, 4, (batch, n), device="cuda", generator=gen).float()
+        x = torch.randint(0, 4, (batch, n), device=DEVICE, generator=gen).float()
     elif pattern == "inf":
         # Mostly +inf (60 %): the k-th best is +inf, which only a NaN could beat.
-        x = torch.randn(batch, n, device="cuda", generator=gen)
-        x = x.masked_fill(torch.rand(batch, n, device="cuda", generator=gen) < 0.6, float("inf"))
+        x = torch.randn(batch, n, device=DEVICE, generator=gen)
+        x = x.masked_fill(torch.rand(batch, n, device=DEVICE, generator=gen) < 0.6, float("inf"))
     else:
         raise ValueError(pattern)
     return x.to(dtype)
@@ -102,6 +110,15 @@ def cases(quick: bool):
         for pattern in ("ascending", "ties"):
             out.append((f"dsa-{pattern}", torch.bfloat16, 256, 131072, 2048, False, pattern))
     return out
+
+
+def cpu_cases():
+    """The eager CPU case list (--device cpu): small calls, where the time of the Python layer
+    and the call itself shows beside the selection's."""
+    return [("tiny", torch.float32, 4, 64, 8, False, "normal"),
+            ("sampling", torch.float32, 1, 32000, 50, False, "normal"),
+            ("sampling", torch.float32, 8, 32000, 50, False, "normal"),
+            ("dsa", torch.bfloat16, 1, 8192, 512, False, "dsa")]
 
 
 _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -143,7 +160,7 @@ class GraphTimer:
     def __init__(self, fn, repeats: int, clean_flush: bool = True):
         self.repeats = repeats
         self.clean_flush = clean_flush
-        self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=DEVICE)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -179,16 +196,16 @@ class EagerTimer:
         self.fn, self.repeats, self.batch = fn, repeats, batch
         for _ in range(5):
             fn()
-        torch.cuda.synchronize()
+        sync()
 
     def median_us(self) -> float:
         times = []
         for _ in range(self.repeats):
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             for _ in range(self.batch):
                 self.fn()
-            torch.cuda.synchronize()
+            sync()
             times.append((time.perf_counter() - t0) / self.batch * 1e6)
         return statistics.median(times)
 
@@ -283,7 +300,7 @@ def time_peer(call, indices_of, x, k, end, lowest, timer):
     """(median us or None, "ok" / "wrong" / the error the call raised)."""
     try:
         out = call()
-        torch.cuda.synchronize()
+        sync()
         verdict = "ok" if is_top_k(x, k, end, indices_of(out), lowest) else "wrong"
         return round(timer(call).median_us(), 2), verdict
     except Exception as e:  # a peer's refusal is reported, not fatal
@@ -308,30 +325,30 @@ def peers():
 
 def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
         eager: bool = False):
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     rows = []
 
     def timer(fn):
         return EagerTimer(fn, repeats) if eager else GraphTimer(fn, repeats, clean_flush)
 
-    available = peers()
+    available = peers() if DEVICE == "cuda" else {}  # the peers are GPU libraries
     for key, (module, _) in PEERS.items():
-        if key not in available:
+        if key not in available and DEVICE == "cuda":
             print(f"# {module}: not installed on this machine, its columns skipped", file=sys.stderr)
     for name, dtype, b, n, k, causal, pattern in case_list:
         x = make_input(pattern, b, n, dtype, gen)
         end = None
         if causal:
             # Causal prefill: row b of the last b query tokens sees end[b] keys, rising to N.
-            end = (n - b + 1 + torch.arange(b, device="cuda", dtype=torch.int32)).clamp(min=1)
+            end = (n - b + 1 + torch.arange(b, device=DEVICE, dtype=torch.int32)).clamp(min=1)
         valid = int(end.sum().item()) if end is not None else b * n
         fi_times, fi_verdicts = ({}, {})
         if "flashinfer" in available and order == "none":
             # It returns values on every call: one measurement serves both rows of the case.
             fi_times, fi_verdicts = time_flashinfer(available["flashinfer"], x, k, end, timer)
         for return_values in (True, False):
-            out_i = torch.empty(b, k, dtype=torch.int32, device="cuda")
-            out_v = torch.empty(b, k, dtype=dtype, device="cuda") if return_values else None
+            out_i = torch.empty(b, k, dtype=torch.int32, device=DEVICE)
+            out_v = torch.empty(b, k, dtype=dtype, device=DEVICE) if return_values else None
 
             def ours():
                 attnkit.topk(x, k, end=end, sorted=order, indices_dtype=torch.int32,
@@ -342,11 +359,11 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
                              return_values=return_values)
 
             ours()
-            torch.cuda.synchronize()
+            sync()
             check(x, k, end, out_v, out_i, order)
             t_ours = timer(ours_allocating if eager else ours).median_us()
             xt = x if end is None else x.masked_fill(
-                torch.arange(n, device="cuda")[None, :] >= end[:, None], float("-inf"))
+                torch.arange(n, device=DEVICE)[None, :] >= end[:, None], float("-inf"))
 
             def theirs():
                 torch.topk(xt, k, dim=1, sorted=order == "value")
@@ -417,6 +434,14 @@ def markdown(rows, header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_threads() -> str:
+    """attnkit's CPU thread count as attnkit.info() reports it."""
+    for line in attnkit.info().splitlines():
+        if line.startswith("cpu threads:"):
+            return line.replace(":", "", 1)
+    return "cpu threads unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
@@ -431,25 +456,35 @@ def main() -> int:
     ap.add_argument("--eager", action="store_true",
                     help="time back-to-back eager calls by the host clock (Python and launch "
                          "overhead included, L2 warm) instead of CUDA-graph replays")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="where x lives; cpu times eager calls only (--eager) and runs small "
+                         "shapes unless --case says otherwise (default: cuda)")
     ap.add_argument("--case", action="append", metavar="SPEC", default=[],
                     help="dtype:B:N:k[:causal][:pattern], e.g. bf16:4:131072:2048; repeatable; "
                          "replaces the case list")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cpu" and not args.eager:
+        ap.error("--device cpu times eager calls: add --eager (CUDA graphs are a GPU's)")
     try:
-        case_list = [parse_case(spec) for spec in args.case] or cases(args.quick)
+        default = cpu_cases() if DEVICE == "cpu" else cases(args.quick)
+        case_list = [parse_case(spec) for spec in args.case] or default
     except ValueError as e:
         ap.error(str(e))
-    if not torch.cuda.is_available():
-        print("bench_topk: needs a CUDA GPU", file=sys.stderr)
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("bench_topk: needs a CUDA GPU (or --device cpu --eager)", file=sys.stderr)
         return 2
     t0 = time.time()
     rows = run(case_list, args.repeats, args.flush == "clean", args.sorted, args.eager)
-    prop = torch.cuda.get_device_properties(0)
+    where = (f"GPU: {torch.cuda.get_device_properties(0).name}" if DEVICE == "cuda" else
+             f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+             f"torch threads, attnkit {cpu_threads()}")
     method = ("eager calls back to back (outputs allocated by each call), host clock, L2 warm, "
               f"median of {args.repeats} batches of 50" if args.eager else
               f"CUDA-graph replay timed with events, L2 flushed ({args.flush}), "
               f"median of {args.repeats}")
-    header = (f"GPU: {prop.name}, torch {torch.__version__}, attnkit {attnkit.__version__}; "
+    header = (f"{where}, torch {torch.__version__}, attnkit {attnkit.__version__}; "
               f"{method}; "
               f"int32 indices, sorted={args.sorted!r}, ties='lowest_index'")
     if args.json:
