@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The register tiles of the CUDA short-row and cluster top-k kernels, and where the cluster
-// kernel (kernels/topk_cluster.cuh, step 1) and the filter kernel (kernels/topk_filter.cuh,
-// the sampled floor) sample a row: shared with the tests, which plant the row's best values
-// exactly there to make the sample overestimate the row and so exercise the kernels' second,
-// full select or scan.
+// kernel (kernels/topk_cluster.cuh, step 1), the filter kernel (kernels/topk_filter.cuh, the
+// sampled floor) and the CPU backend (src/cpu/topk.cpp, sampled_floor) sample a row: shared
+// with the tests, which plant the row's best values exactly there to make the sample
+// overestimate the row and so exercise the second, full select or scan.
 #pragma once
 
 #include <cmath>
@@ -168,6 +168,37 @@ ATTNKIT_HD constexpr bool filter_sampled_vector(std::int64_t v, std::int64_t vec
   const std::int64_t samples = std::int64_t{kFilterSampleThreads} * per_thread;
   const std::int64_t t = v / (vectors / samples);
   return t < samples && filter_sample_vector(t, vectors, per_thread) == v;
+}
+
+/// The CPU backend's sampled floor (docs/topk.md, "CPU", "Sampled floor"). A row of `len`
+/// columns takes one for k <= len / 4 when it has at least 16K columns, or at least 4K and
+/// k >= 64: on shorter rows, or with a smaller k there, the sample costs more than it saves
+/// (its 512 scores are an eighth to a sixteenth of a 4K-8K row, while a small k's threshold
+/// rises within a few hundred columns anyway).
+inline constexpr std::int64_t kCpuSampleMinRow = std::int64_t{1} << 14;
+inline constexpr std::int64_t kCpuSampleShortRow = std::int64_t{1} << 12;
+inline constexpr std::int64_t kCpuSampleShortMinK = 64;
+inline constexpr std::int64_t kCpuSampleMinRatio = 4;
+
+/// Whether the CPU backend samples a floor for the best k of a row of `len` columns (it may
+/// still drop it when the sample's rank would let in half the row).
+ATTNKIT_HD constexpr bool cpu_row_floored(std::int64_t k, std::int64_t len) {
+  return len >= kCpuSampleShortRow && k * kCpuSampleMinRatio <= len &&
+         (len >= kCpuSampleMinRow || k >= kCpuSampleShortMinK);
+}
+
+/// Scores in the CPU floor's sample of a row of `len` >= kCpuSampleShortRow columns: 1/64 of
+/// the row, 512 to 2048.
+ATTNKIT_HD constexpr std::int64_t cpu_floor_samples(std::int64_t len) {
+  const std::int64_t size = len / 64;
+  return size < 512 ? 512 : size > 2048 ? 2048 : size;
+}
+
+/// Column (counted from the row's begin) of sample j of `samples`: evenly spaced, at the middle
+/// of each of `samples` equal parts of the row.
+ATTNKIT_HD constexpr std::int64_t cpu_floor_sample_column(std::int64_t j, std::int64_t len,
+                                                          std::int64_t samples) {
+  return (2 * j + 1) * len / (2 * samples);
 }
 
 }  // namespace attnkit::detail

@@ -32,6 +32,7 @@
 #include "attnkit/error.hpp"
 #include "common/float_bits.hpp"
 #include "common/topk_keys.hpp"
+#include "common/topk_sample.hpp"
 #include "core/backends.hpp"
 #include "core/thread_pool.hpp"
 #include "cpu/topk_common.hpp"
@@ -61,7 +62,7 @@ constexpr int kBlock = 64;
 // Candidates gathered beyond k before a reconstruct. The reconstruct costs O(k + slack), and
 // its number falls as 1/slack, so the slack follows k (2k) with a floor that keeps small k
 // cheap. A floor of 32 rather than 256 lets the threshold rise 32 + k elements into a row that
-// starts without a sampled floor (rows under 16K, or k above a sixteenth of the row), instead
+// starts without a sampled floor (cpu_row_floored, e.g. short rows with a small k), instead
 // of gathering up to 256 + k first: 2 threads, best of 7, fp32 [100000, 256] k=8 2.10 -> 1.19
 // us a row, [10000, 1000] k=10 3.87 -> 2.58, [64, 8192] k=1 3.58 -> 1.57, [8, 65536] k=16 1.39x
 // faster; rows with a floor within 5 % ([1, 129280] k=1, 8, 50; [16, 131072] k=100).
@@ -72,13 +73,6 @@ constexpr int kDigitBits = 12;
 // Lists of at most this many candidates skip the histogram: clearing and walking its 4096 bins
 // costs more than selecting among a few hundred (score, column) keys directly.
 constexpr std::size_t kDirectSelectMax = 512;
-// Sampled starting threshold: rows shorter than kSampleMinRow, or with k above
-// len / kSampleMinRatio, start from the bottom; a sample of kSampleMin..kSampleMax scores
-// (1/64 of the row) estimates a floor that a little more than k elements reach.
-constexpr std::int64_t kSampleMinRow = std::int64_t{1} << 14;
-constexpr std::int64_t kSampleMinRatio = 16;
-constexpr std::int64_t kSampleMin = 512;
-constexpr std::int64_t kSampleMax = 2048;
 // Ranges of at most this many columns rank their elements by counting (select_tiny).
 constexpr std::int64_t kTinyRange = 32;
 // The shortest row segment worth a task of its own when rows are cut for more parallelism.
@@ -355,10 +349,8 @@ template <class Traits>
 std::uint32_t sampled_floor(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
                             std::size_t k, ScoreParams sp, Candidates& c) {
   const std::int64_t len = hi - lo;
-  if (len < kSampleMinRow || static_cast<std::int64_t>(k) * kSampleMinRatio > len) {
-    return kExcludedScore;
-  }
-  const std::int64_t size = std::clamp<std::int64_t>(len / 64, kSampleMin, kSampleMax);
+  if (!cpu_row_floored(static_cast<std::int64_t>(k), len)) return kExcludedScore;
+  const std::int64_t size = cpu_floor_samples(len);
   // Rank in the sample whose score floor admits about k elements of the row, raised by three
   // standard deviations of the binomial count and two, so that fewer than k admitted (which
   // costs a second pass) is rare.
@@ -368,7 +360,8 @@ std::uint32_t sampled_floor(const typename Traits::Bits* row, std::int64_t lo, s
   if (rank >= size / 2) return kExcludedScore;  // the floor would filter too little to pay
   if (c.sample.size() < static_cast<std::size_t>(size)) c.sample.resize(static_cast<std::size_t>(size));
   for (std::int64_t j = 0; j < size; ++j) {
-    c.sample[static_cast<std::size_t>(j)] = score_of<Traits>(row[lo + (2 * j + 1) * len / (2 * size)], sp);
+    c.sample[static_cast<std::size_t>(j)] =
+        score_of<Traits>(row[lo + cpu_floor_sample_column(j, len, size)], sp);
   }
   auto nth = c.sample.begin() + (rank - 1);
   std::nth_element(c.sample.begin(), nth, c.sample.begin() + size, std::greater<>());
@@ -530,8 +523,7 @@ std::size_t segment_candidates(std::size_t k, std::int64_t len) {
 
 /// Sampled scores sampled_floor takes from at most `len` columns.
 std::size_t segment_samples(std::int64_t len) {
-  return len < kSampleMinRow ? 0
-                             : static_cast<std::size_t>(std::clamp(len / 64, kSampleMin, kSampleMax));
+  return len < kCpuSampleShortRow ? 0 : static_cast<std::size_t>(cpu_floor_samples(len));
 }
 
 // ---------------------------------------------------------------------------------------------

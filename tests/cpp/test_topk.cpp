@@ -92,7 +92,7 @@ TEST(Topk, RowsAroundTheDirectSelectSize) {
 }
 
 /// Rows long enough for the fast path's sampled starting threshold (rows of >= 2^14 with
-/// k <= N / 16), several reconstructs (k + max(2k, 256) candidates each) and, where there are
+/// k <= N / 4), several reconstructs (k + max(2k, 256) candidates each) and, where there are
 /// fewer rows than threads, rows cut into segments.
 TEST(Topk, LongRowsSampledThresholdAndReconstructs) {
   const std::int64_t ns[] = {16384, under_pow2(15), under_pow2(16), 131072, 200000};
@@ -141,6 +141,32 @@ TEST(Topk, MisleadingSampleFallsBackToFullScan) {
         c.largest = largest;
         c.sorted = TopkOrder::kValue;
         check(c);
+      }
+    }
+  }
+}
+
+/// Rows of 4K-16K columns take a sampled floor from k = 64 (cpu_row_floored). Spikes at exactly
+/// the sampled columns make the floor admit fewer than k elements, so the row must be scanned
+/// again from the bottom; rows of 16K and more, and a k below 64, take the same checks.
+TEST(Topk, MisleadingSampleOnShortRowsFallsBackToFullScan) {
+  CaseChecker check;
+  std::uint64_t seed = 6000;
+  for (DType dtype : kFloatDTypes) {
+    for (bool largest : {true, false}) {
+      for (std::int64_t n : {4096, 8192, 12000, 16384}) {
+        for (std::int64_t k : {32, 64, 300, 1024}) {
+          TopkCase c;
+          c.dtype = dtype;
+          c.dist = Dist::kCpuSampleBait;
+          c.seed = seed++;
+          c.n = n;
+          c.k = k;
+          c.batch = 2;
+          c.largest = largest;
+          c.sorted = seed % 2 ? TopkOrder::kValue : TopkOrder::kNone;
+          check(c);
+        }
       }
     }
   }

@@ -3,7 +3,8 @@
 // reads vectors through filter_sample_vector, so every position must lie inside the range,
 // one per stretch of vectors / 256 (spread over the whole row); the tests plant a row's best
 // values through filter_sampled_vector, which must name exactly those positions. The register
-// kernels' columns (short_sampled) must number 64 to 256 per 8192-column CTA.
+// kernels' columns (short_sampled) must number 64 to 256 per 8192-column CTA. The CPU floor's
+// columns (cpu_floor_sample_column) must be distinct, inside the row and one per equal part.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,6 +14,9 @@
 
 namespace {
 
+using attnkit::detail::cpu_floor_sample_column;
+using attnkit::detail::cpu_floor_samples;
+using attnkit::detail::cpu_row_floored;
 using attnkit::detail::filter_floor_rank;
 using attnkit::detail::filter_row_floored;
 using attnkit::detail::filter_sample_vector;
@@ -25,6 +29,32 @@ using attnkit::detail::kFilterSampleThreads;
 using attnkit::detail::kShortMaxLen;
 using attnkit::detail::short_sampled;
 using attnkit::detail::short_sampled_in;
+
+TEST(TopkSample, CpuSampleOnePerPartInsideTheRow) {
+  for (std::int64_t len : {std::int64_t{4096}, std::int64_t{8191}, std::int64_t{12000},
+                           std::int64_t{16384}, std::int64_t{32768}, std::int64_t{100003},
+                           std::int64_t{131072}, std::int64_t{1} << 30}) {
+    const std::int64_t samples = cpu_floor_samples(len);
+    ASSERT_GE(samples, 512) << "len=" << len;
+    ASSERT_LE(samples, 2048) << "len=" << len;
+    for (std::int64_t j = 0; j < samples; ++j) {
+      // Sample j lies in part j of `samples` equal parts of the row.
+      const std::int64_t c = cpu_floor_sample_column(j, len, samples);
+      ASSERT_GE(c * samples, j * len) << "len=" << len << " j=" << j;
+      ASSERT_LT(c * samples, (j + 1) * len) << "len=" << len << " j=" << j;
+    }
+  }
+}
+
+TEST(TopkSample, CpuRowFlooredBounds) {
+  EXPECT_FALSE(cpu_row_floored(64, 4095));   // too short
+  EXPECT_TRUE(cpu_row_floored(64, 4096));
+  EXPECT_FALSE(cpu_row_floored(63, 8192));   // a small k on a short row
+  EXPECT_TRUE(cpu_row_floored(1, 16384));    // any k on a long row...
+  EXPECT_TRUE(cpu_row_floored(4096, 16384));
+  EXPECT_FALSE(cpu_row_floored(4097, 16384));  // ...up to a quarter of it
+  EXPECT_FALSE(cpu_row_floored(1025, 4096));
+}
 
 TEST(TopkSample, FilterSampleOnePerStretchInsideTheRange) {
   for (std::int64_t vectors : {kFilterSampleMinVectors, kFilterSampleMinVectors + 1,

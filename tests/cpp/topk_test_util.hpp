@@ -25,6 +25,7 @@
 
 #include "attnkit/attnkit.hpp"
 #include "common/float_bits.hpp"
+#include "common/topk_sample.hpp"
 
 #if !defined(ATTNKIT_TOPK_TEST_NO_GTEST)
 #include <gtest/gtest.h>
@@ -322,6 +323,7 @@ enum class Dist : std::uint8_t {
   kPeriodicSpikes,  // +-1000 spikes every 64 columns: an evenly spaced sample sees only them
   kFuzzBytes,       // the fuzzer's bytes, repeated
   kMostlyNegInf,    // 99.7% -inf, a few NaNs and normals: a sampled floor of -inf itself
+  kCpuSampleBait,   // normal, +-1000 spikes exactly at the CPU floor's sampled columns
 };
 
 inline constexpr Dist kAllDists[] = {
@@ -366,6 +368,8 @@ inline const char* dist_name(Dist d) {
       return "fuzz_bytes";
     case Dist::kMostlyNegInf:
       return "mostly_neg_inf";
+    case Dist::kCpuSampleBait:
+      return "cpu_sample_bait";
   }
   return "?";
 }
@@ -492,6 +496,19 @@ inline void generate_row(Dist dist, DType d, std::uint64_t seed, std::uint64_t r
         out[i] = static_cast<std::uint32_t>(rng()) & (d == DType::kFloat32 ? 0xFFFFFFFFu : 0xFFFFu);
       }
       break;
+    case Dist::kCpuSampleBait: {
+      // The sample sees only spikes, and the row holds no others: a floor at the sample's
+      // rank-th best spike admits about that rank of elements, fewer than k.
+      for (std::int64_t i = 0; i < n; ++i) out[i] = normal_bits(1.0f);
+      if (n < attnkit::detail::kCpuSampleShortRow) break;
+      const std::int64_t samples = attnkit::detail::cpu_floor_samples(n);
+      for (std::int64_t j = 0; j < samples; ++j) {
+        const float mag = 1000.0f * (1.0f + static_cast<float>(unit(rng)));
+        out[attnkit::detail::cpu_floor_sample_column(j, n, samples)] =
+            round_to(d, rng() % 2 ? mag : -mag);
+      }
+      break;
+    }
     case Dist::kPeriodicSpikes:
       for (std::int64_t i = 0; i < n; ++i) {
         if (i % 64 == 32) {
