@@ -168,6 +168,19 @@ inline FilterResult filter_body(const typename Traits::Bits* p, std::int64_t n, 
   std::size_t appended = 0;
   std::int64_t i = 0;
   alignas(64) std::uint8_t marks[kBlock];
+  // Without a threshold yet (a row's first columns, when no sampled floor starts it) every
+  // element but an excluded one (a NaN that nan="ignore" drops) is appended: whole blocks,
+  // branch-free, where the loop over marks below would mispredict its exits.
+  if (threshold == kExcludedScore) {
+    for (; i + kBlock <= n && appended + kBlock <= room; i += kBlock) {
+      for (int j = 0; j < kBlock; ++j) {
+        const std::uint32_t s = score_of<Traits>(p[i + j], sp);
+        score[appended] = s;
+        col[appended] = col0 + static_cast<std::uint32_t>(i + j);
+        appended += s > threshold;
+      }
+    }
+  }
   for (; i + kBlock <= n && appended + kBlock <= room; i += kBlock) {
     if (!block_may_pass<Traits, kLargest>(p + i, bound, sp, threshold)) continue;
     mark_block<Traits, kLargest>(p + i, marks, bound, sp, threshold);
