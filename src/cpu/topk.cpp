@@ -75,6 +75,8 @@ constexpr int kDigitBits = 12;
 constexpr std::size_t kDirectSelectMax = 512;
 // Ranges of at most this many columns rank their elements by counting (select_tiny).
 constexpr std::int64_t kTinyRange = 32;
+// Ranges of at most this many columns find a k = 1 element in two plain passes (select_best).
+constexpr std::int64_t kBestMaxRange = 4096;
 // The shortest row segment worth a task of its own when rows are cut for more parallelism.
 constexpr std::int64_t kMinSegment = std::int64_t{1} << 15;
 
@@ -249,6 +251,67 @@ ATTNKIT_VECTOR_CLONES bool has_nan_bf16(const std::uint16_t* p, std::int64_t n) 
 }
 ATTNKIT_VECTOR_CLONES bool has_nan_f16(const std::uint16_t* p, std::int64_t n) {
   return block_has_nan<Float16Traits>(p, n);
+}
+
+/// The best score of p[0, n) (kExcludedScore when there is none), and the first column that
+/// has it: select_best's two passes, each a vectorised reduction (the second over blocks,
+/// stopping at the first block that holds the score).
+template <class Traits>
+inline std::uint32_t max_score_body(const typename Traits::Bits* __restrict p, std::int64_t n,
+                                    ScoreParams sp) {
+  std::uint32_t best = kExcludedScore;
+  for (std::int64_t i = 0; i < n; ++i) best = std::max(best, score_of<Traits>(p[i], sp));
+  return best;
+}
+
+template <class Traits>
+inline std::int64_t first_with_score_body(const typename Traits::Bits* __restrict p,
+                                          std::int64_t n, ScoreParams sp, std::uint32_t score) {
+  std::int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    std::uint32_t found = 0;
+    for (int j = 0; j < kBlock; ++j) found |= score_of<Traits>(p[i + j], sp) == score ? 1u : 0u;
+    if (found != 0) break;
+  }
+  while (score_of<Traits>(p[i], sp) != score) ++i;  // the score is there: it was found
+  return i;
+}
+
+#define ATTNKIT_DEFINE_BEST(suffix, Traits)                                                      \
+  ATTNKIT_VECTOR_CLONES std::uint32_t max_score_##suffix(const Traits::Bits* p, std::int64_t n, \
+                                                         ScoreParams sp) {                      \
+    return max_score_body<Traits>(p, n, sp);                                                    \
+  }                                                                                             \
+  ATTNKIT_VECTOR_CLONES std::int64_t first_with_score_##suffix(                                 \
+      const Traits::Bits* p, std::int64_t n, ScoreParams sp, std::uint32_t score) {             \
+    return first_with_score_body<Traits>(p, n, sp, score);                                      \
+  }
+ATTNKIT_DEFINE_BEST(f32, Float32Traits)
+ATTNKIT_DEFINE_BEST(bf16, BFloat16Traits)
+ATTNKIT_DEFINE_BEST(f16, Float16Traits)
+#undef ATTNKIT_DEFINE_BEST
+
+template <class Traits>
+std::uint32_t max_score(const typename Traits::Bits* p, std::int64_t n, ScoreParams sp) {
+  if constexpr (std::is_same_v<Traits, Float32Traits>) {
+    return max_score_f32(p, n, sp);
+  } else if constexpr (std::is_same_v<Traits, BFloat16Traits>) {
+    return max_score_bf16(p, n, sp);
+  } else {
+    return max_score_f16(p, n, sp);
+  }
+}
+
+template <class Traits>
+std::int64_t first_with_score(const typename Traits::Bits* p, std::int64_t n, ScoreParams sp,
+                              std::uint32_t score) {
+  if constexpr (std::is_same_v<Traits, Float32Traits>) {
+    return first_with_score_f32(p, n, sp, score);
+  } else if constexpr (std::is_same_v<Traits, BFloat16Traits>) {
+    return first_with_score_bf16(p, n, sp, score);
+  } else {
+    return first_with_score_f16(p, n, sp, score);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -438,6 +501,21 @@ std::size_t select_tiny(const typename Traits::Bits* row, std::int64_t lo, std::
   return out;
 }
 
+/// scan_segment for k = 1 (greedy sampling, top-1 routing): the best score in one pass, then
+/// its first column in a second, both over the row's scores alone. On short rows the filter's
+/// blocks and its select cost more than the row itself.
+template <class Traits>
+std::size_t select_best(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
+                        ScoreParams sp, Candidates& c) {
+  const std::uint32_t best = max_score<Traits>(row + lo, hi - lo, sp);
+  if (best == kExcludedScore) return 0;  // only NaNs that nan="ignore" drops
+  const std::int64_t at = lo + first_with_score<Traits>(row + lo, hi - lo, sp, best);
+  c.reserve(1);
+  c.score[0] = best;
+  c.col[0] = static_cast<std::uint32_t>(at);
+  return 1;
+}
+
 /// The best min(k, selectable) elements of columns [lo, hi) of `row`, left in c in column
 /// order; returns their count.
 template <class Traits>
@@ -445,6 +523,7 @@ std::size_t scan_segment(const typename Traits::Bits* row, std::int64_t lo, std:
                          std::size_t k, ScoreParams sp, Candidates& c) {
   if (k == 0 || hi <= lo) return 0;
   if (hi - lo <= kTinyRange) return select_tiny<Traits>(row, lo, hi, k, sp, c);
+  if (k == 1 && hi - lo <= kBestMaxRange) return select_best<Traits>(row, lo, hi, sp, c);
   // Starting at a sampled floor F is exact when at least k elements score >= F: the k-th best
   // score is then >= F, so nothing below F could have been chosen. Fewer than k admitted
   // (a reconstruct never ran) means the sample misled: scan again from the bottom.

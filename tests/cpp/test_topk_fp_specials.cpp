@@ -161,6 +161,26 @@ TEST(TopkFpSpecials, NanIgnoreNeverSelectsNan) {
   }
 }
 
+/// Rows of NaNs only: with nan="ignore" nothing is selectable and every slot is padding (k = 1
+/// included, whose short rows take a path of their own); with nan="largest" the NaNs are
+/// ordinary elements, all tied, and the lowest columns win.
+TEST(TopkFpSpecials, RowsOfOnlyNan) {
+  CaseChecker check;
+  for (TopkCase c : sweep_cases(1100, {Dist::kAllNan})) {
+    for (NanPolicy nan : {NanPolicy::kIgnore, NanPolicy::kLargest}) {
+      c.nan = nan;
+      check_with_property(check, c, [&](const TopkInputs&, const TopkOutputs& out) {
+        for (std::int64_t b = 0; b < c.batch; ++b) {
+          const Selection s = selection(c, out, b);
+          const std::int64_t want = nan == NanPolicy::kIgnore ? 0 : std::min(c.k, c.n);
+          ASSERT_EQ(static_cast<std::int64_t>(s.cols.size()), want) << "row " << b;
+          for (std::int64_t j = 0; j < want; ++j) EXPECT_EQ(s.cols[j], j) << "row " << b;
+        }
+      });
+    }
+  }
+}
+
 TEST(TopkFpSpecials, NanRaise) {
   CaseChecker check;
   std::uint64_t seed = 2000;

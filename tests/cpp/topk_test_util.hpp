@@ -324,6 +324,7 @@ enum class Dist : std::uint8_t {
   kFuzzBytes,       // the fuzzer's bytes, repeated
   kMostlyNegInf,    // 99.7% -inf, a few NaNs and normals: a sampled floor of -inf itself
   kCpuSampleBait,   // normal, +-1000 spikes exactly at the CPU floor's sampled columns
+  kAllNan,          // NaNs of every sign and payload only: nan="ignore" leaves nothing to take
 };
 
 inline constexpr Dist kAllDists[] = {
@@ -370,6 +371,8 @@ inline const char* dist_name(Dist d) {
       return "mostly_neg_inf";
     case Dist::kCpuSampleBait:
       return "cpu_sample_bait";
+    case Dist::kAllNan:
+      return "all_nan";
   }
   return "?";
 }
@@ -452,6 +455,9 @@ inline void generate_row(Dist dist, DType d, std::uint64_t seed, std::uint64_t r
       for (std::int64_t i = 0; i < n; ++i) {
         out[i] = unit(rng) < 0.9 ? nan_list[rng() % nan_list.size()] : normal_bits(1.0f);
       }
+      break;
+    case Dist::kAllNan:
+      for (std::int64_t i = 0; i < n; ++i) out[i] = nan_list[rng() % nan_list.size()];
       break;
     case Dist::kMostlyNegInf:
       for (std::int64_t i = 0; i < n; ++i) {
