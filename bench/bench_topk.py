@@ -30,11 +30,14 @@ DeepSelect, when `deep_select` is importable, is timed on the same rows with the
 (`deep_select.topk(x, k, end=end, indices_type=torch.int32, return_value=...)`, rows unsorted,
 ties broken any way, unused slots filled with -1); its results are checked the same way.
 
-Usage: python bench/bench_topk.py [--quick] [--eager] [--flush clean|write] [--json out.json]
-                                 [--markdown out.md] [--case dtype:B:N:k[:causal][:pattern] ...]
+Usage: python bench/bench_topk.py [--quick] [--eager] [--device cuda|cpu] [--flush clean|write]
+                                 [--json out.json] [--markdown out.md]
+                                 [--case dtype:B:N:k[:causal][:pattern] ...]
 
 --eager times back-to-back eager calls by the host clock instead (EagerTimer): what a caller
 outside CUDA graphs and torch.compile pays a call, Python and launch overhead included.
+--device cpu --eager times the same on CPU tensors (small shapes unless --case is given), where
+a small call's time is mostly the Python layer's and the call's own.
 
 --case replaces the case list by the given shapes (repeatable): dtype bf16, f16 or f32;
 "causal" gives row b of the last B queries of an N-key context end[b] = N - B + 1 + b; the
