@@ -7,18 +7,19 @@
 //   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
 //          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
-// Method: one call captured in a CUDA graph, replayed R times, each replay timed with events
-// after L2 is flushed; the median is printed with the effective bandwidth (valid input bytes
-// read once + output bytes) / time. Inputs are N(0,1) rows drawn from a generator seeded with S
-// (default 42): the cluster kernel's pass count depends on the data, so a single row's time is
-// worth comparing across several seeds. The flush writes a 256 MiB buffer
-// and, by default ("clean"), reads it back (an argmax over it), so that L2 holds only clean
-// lines of a buffer the call never touches. "write" skips the read, as triton's do_bench does:
-// L2 is then full of dirty lines, which the timed call has to write back to memory as its
+// Method: after a second of L2 flushes (the GPU's clocks up), one call captured in a CUDA graph,
+// replayed R times, each replay timed with events after L2 is flushed; the median is printed with
+// the effective bandwidth (valid input bytes read once + output bytes) / time. Inputs are N(0,1)
+// rows drawn from a generator seeded with S (default 42): the cluster kernel's pass count depends
+// on the data, so a single row's time is worth comparing across several seeds. The flush writes a
+// 256 MiB buffer and, by default ("clean"), reads it back (an argmax over it), so that L2 holds
+// only clean lines of a buffer the call never touches. "write" skips the read, as triton's do_bench
+// does: L2 is then full of dirty lines, which the timed call has to write back to memory as its
 // reads evict them (up to the L2's size of extra traffic).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -175,6 +176,14 @@ int main(int argc, char** argv) {
   cudaEvent_t t0, t1;
   cuda_ok(cudaEventCreate(&t0), "cudaEventCreate");
   cuda_ok(cudaEventCreate(&t1), "cudaEventCreate");
+
+  // An idle GPU clocks its SMs down; cases timed while the clocks ramp up measured up to 3x
+  // their later time (run 232). A second of flushes first brings the clocks up.
+  const auto warm_start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - warm_start < std::chrono::seconds(1)) {
+    for (int r = 0; r < 16; ++r) flush_l2(r);
+    cuda_ok(cudaStreamSynchronize(stream), "warm-up");
+  }
 
   std::printf("%-5s %6s %8s %5s %-6s %-6s %10s %8s\n", "dtype", "B", "N", "k", "causal", "values",
               "us", "TB/s");
