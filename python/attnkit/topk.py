@@ -310,7 +310,8 @@ def topk(
         raise TypeError(f"topk: return_values = {return_values!r}; expected a bool")
     if value_fill is not None:
         value_fill = _number_of_0d(value_fill, torch_module)  # as k and index_fill take 0-d ints
-        if (isinstance(value_fill, (str, bytes, bool))
+        # NumPy's timedelta64 is a signed integer type to `numbers`, but no number of a value.
+        if (isinstance(value_fill, (str, bytes, bool, np.timedelta64))
                 or not isinstance(value_fill, numbers.Real)):
             raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
     if out_values is not None and not return_values:

@@ -815,7 +815,10 @@ def test_bool_options_take_bools_only(arg, value):
 
 
 @pytest.mark.parametrize("value", ["1.0", b"1", True, 1j, [1.0], np.array([1.0, 2.0]),
-                                   np.array(True), np.array(1j), np.array([1.5])])
+                                   np.array(True), np.array(1j), np.array([1.5]),
+                                   np.timedelta64(3), np.timedelta64(3, "s"),
+                                   np.timedelta64("NaT"), np.datetime64(3, "s"),
+                                   np.array(np.timedelta64(5, "ms"))])
 def test_value_fill_takes_real_numbers_only(value):
     with pytest.raises(TypeError, match=r"topk: value_fill = .*; expected a real number"):
         attnkit.topk(np.ones((1, 4), np.float32), 1, value_fill=value)
