@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GPU benchmark of attnkit.topk against torch.topk (and FlashInfer and DeepSelect when installed).
+"""Benchmark of attnkit.topk against torch.topk on the GPU (and FlashInfer and DeepSelect when
+installed), or of eager calls on the CPU (--device cpu --eager).
 
 What is measured: the GPU time of one top-k call, as the median over repeats of CUDA-event
 timings around a CUDA-graph replay of the call (so Python and launch overhead stay out, as in
@@ -51,7 +52,6 @@ import argparse
 import importlib
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -59,6 +59,7 @@ import time
 import torch
 
 import attnkit
+from attnkit._demo import cpu_model
 
 L2_FLUSH_BYTES = 256 << 20
 DEVICE = "cuda"  # or "cpu" (--device cpu, eager calls only)
@@ -119,6 +120,8 @@ def cpu_cases():
     """The eager CPU case list (--device cpu): small calls, where the time of the Python layer
     and the call itself shows beside the selection's."""
     return [("tiny", torch.float32, 4, 64, 8, False, "normal"),
+            ("router", torch.float32, 1, 256, 8, False, "normal"),
+            ("greedy", torch.float32, 256, 64, 1, False, "normal"),
             ("sampling", torch.float32, 1, 32000, 50, False, "normal"),
             ("sampling", torch.float32, 8, 32000, 50, False, "normal"),
             ("dsa", torch.bfloat16, 1, 8192, 512, False, "dsa")]
@@ -343,8 +346,6 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
         eager: bool = False):
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     rows = []
-    if DEVICE == "cuda":
-        warm_up_gpu()
 
     def timer(fn):
         return EagerTimer(fn, repeats) if eager else GraphTimer(fn, repeats, clean_flush)
@@ -353,6 +354,8 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
     for key, (module, _) in PEERS.items():
         if key not in available and DEVICE == "cuda":
             print(f"# {module}: not installed on this machine, its columns skipped", file=sys.stderr)
+    if DEVICE == "cuda":
+        warm_up_gpu()  # after the peers' imports, which leave the GPU idle
     for name, dtype, b, n, k, causal, pattern in case_list:
         x = make_input(pattern, b, n, dtype, gen)
         end = None
@@ -452,16 +455,8 @@ def markdown(rows, header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cpu_threads() -> str:
-    """attnkit's CPU thread count as attnkit.info() reports it."""
-    for line in attnkit.info().splitlines():
-        if line.startswith("cpu threads:"):
-            return line.replace(":", "", 1)
-    return "cpu threads unknown"
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--flush", choices=("clean", "write"), default="clean",
@@ -496,8 +491,8 @@ def main() -> int:
     t0 = time.time()
     rows = run(case_list, args.repeats, args.flush == "clean", args.sorted, args.eager)
     where = (f"GPU: {torch.cuda.get_device_properties(0).name}" if DEVICE == "cuda" else
-             f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-             f"torch threads, attnkit {cpu_threads()}")
+             f"CPU: {cpu_model()}, {torch.get_num_threads()} torch threads, "
+             f"{attnkit.num_threads()} attnkit threads")
     method = ("eager calls back to back (outputs allocated by each call), host clock, L2 warm, "
               f"median of {args.repeats} batches of 50" if args.eager else
               f"CUDA-graph replay timed with events, L2 flushed ({args.flush}), "

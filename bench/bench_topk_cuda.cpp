@@ -7,7 +7,7 @@
 //   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
 //          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
-// Method: after a second of L2 flushes (the GPU's clocks up), one call captured in a CUDA graph,
+// Method: after L2 flushes that bring the GPU's clocks up, one call captured in a CUDA graph,
 // replayed R times, each replay timed with events after L2 is flushed; the median is printed with
 // the effective bandwidth (valid input bytes read once + output bytes) / time. Inputs are N(0,1)
 // rows drawn from a generator seeded with S (default 42): the cluster kernel's pass count depends
@@ -178,12 +178,16 @@ int main(int argc, char** argv) {
   cuda_ok(cudaEventCreate(&t1), "cudaEventCreate");
 
   // An idle GPU clocks its SMs down; cases timed while the clocks ramp up measured up to 3x
-  // their later time (run 232). A second of flushes first brings the clocks up.
-  const auto warm_start = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - warm_start < std::chrono::seconds(1)) {
-    for (int r = 0; r < 16; ++r) flush_l2(r);
-    cuda_ok(cudaStreamSynchronize(stream), "warm-up");
-  }
+  // their later time (run 232). Flushes bring the clocks up: for a second before the first
+  // case, and again after each case's inputs are made on the host, which can take seconds.
+  auto warm_up = [&](std::chrono::milliseconds span) {
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - start < span) {
+      for (int r = 0; r < 16; ++r) flush_l2(r);
+      cuda_ok(cudaStreamSynchronize(stream), "warm-up");
+    }
+  };
+  warm_up(std::chrono::milliseconds(1000));
 
   std::printf("%-5s %6s %8s %5s %-6s %-6s %10s %8s\n", "dtype", "B", "N", "k", "causal", "values",
               "us", "TB/s");
@@ -244,6 +248,7 @@ int main(int argc, char** argv) {
     Call timed, decoy;
     prepare(timed);
     if (warm_code) prepare(decoy);
+    warm_up(std::chrono::milliseconds(200));
     std::vector<float> us;
     for (int r = 0; r < reps; ++r) {
       flush_l2(r);

@@ -475,7 +475,7 @@ def jax_keeps_int64() -> bool:
 
 
 def to_caller(result: Any, ref: Any) -> Any:
-    """`result` (allocated by `empty_with_view`) in ref's framework: unchanged for NumPy, torch
+    """`result` (allocated by `empty_outputs`) in ref's framework: unchanged for NumPy, torch
     and CuPy; converted for other frameworks that only lent their arrays through DLPack (e.g.
     JAX)."""
     if isinstance(ref, np.ndarray) or is_torch(ref) or isinstance(result, type(ref)):

@@ -3,8 +3,10 @@
 // survivors. Algorithm, invariants and cost bound: docs/topk.md.
 //
 //   1. Score: each element becomes an unsigned score (common/topk_keys.hpp); larger is better.
-//   2. Floor: on long rows, an evenly spaced sample of scores gives a starting threshold that
-//      a little more than k elements beat, so the filter admits few losers from the start.
+//   2. Floor: on rows long enough for k (cpu_row_floored), an evenly spaced sample of scores
+//      gives a starting threshold that a little more than k elements beat, so the filter admits
+//      few losers from the start. k = 1 on ranges of up to 4096 columns takes two plain passes
+//      instead (select_best).
 //   3. Filter: the row is read once, kBlock elements at a time, in column order. A block with
 //      no element that may beat the threshold T is skipped after one vectorised pass; in the
 //      others, elements with score > T are appended to a candidate buffer (score, column),
@@ -253,9 +255,8 @@ ATTNKIT_VECTOR_CLONES bool has_nan_f16(const std::uint16_t* p, std::int64_t n) {
   return block_has_nan<Float16Traits>(p, n);
 }
 
-/// The best score of p[0, n) (kExcludedScore when there is none), and the first column that
-/// has it: select_best's two passes, each a vectorised reduction (the second over blocks,
-/// stopping at the first block that holds the score).
+/// The best score of p[0, n), kExcludedScore when there is none (select_best's first pass, a
+/// vectorised reduction).
 template <class Traits>
 inline std::uint32_t max_score_body(const typename Traits::Bits* __restrict p, std::int64_t n,
                                     ScoreParams sp) {
@@ -264,6 +265,8 @@ inline std::uint32_t max_score_body(const typename Traits::Bits* __restrict p, s
   return best;
 }
 
+/// The first column of p[0, n) whose score is `score`, which must occur there (select_best's
+/// second pass): blocks are tested with vector instructions until one holds it.
 template <class Traits>
 inline std::int64_t first_with_score_body(const typename Traits::Bits* __restrict p,
                                           std::int64_t n, ScoreParams sp, std::uint32_t score) {
@@ -273,46 +276,25 @@ inline std::int64_t first_with_score_body(const typename Traits::Bits* __restric
     for (int j = 0; j < kBlock; ++j) found |= score_of<Traits>(p[i + j], sp) == score ? 1u : 0u;
     if (found != 0) break;
   }
-  while (score_of<Traits>(p[i], sp) != score) ++i;  // the score is there: it was found
+  while (score_of<Traits>(p[i], sp) != score) ++i;
   return i;
 }
 
-#define ATTNKIT_DEFINE_BEST(suffix, Traits)                                                      \
-  ATTNKIT_VECTOR_CLONES std::uint32_t max_score_##suffix(const Traits::Bits* p, std::int64_t n, \
-                                                         ScoreParams sp) {                      \
+// One vector-cloned copy of each pass a dtype, chosen by overload on the dtype's traits.
+#define ATTNKIT_DEFINE_BEST(Traits)                                                              \
+  ATTNKIT_VECTOR_CLONES std::uint32_t max_score(Traits, const Traits::Bits* p, std::int64_t n,  \
+                                                ScoreParams sp) {                               \
     return max_score_body<Traits>(p, n, sp);                                                    \
   }                                                                                             \
-  ATTNKIT_VECTOR_CLONES std::int64_t first_with_score_##suffix(                                 \
-      const Traits::Bits* p, std::int64_t n, ScoreParams sp, std::uint32_t score) {             \
+  ATTNKIT_VECTOR_CLONES std::int64_t first_with_score(Traits, const Traits::Bits* p,            \
+                                                      std::int64_t n, ScoreParams sp,           \
+                                                      std::uint32_t score) {                    \
     return first_with_score_body<Traits>(p, n, sp, score);                                      \
   }
-ATTNKIT_DEFINE_BEST(f32, Float32Traits)
-ATTNKIT_DEFINE_BEST(bf16, BFloat16Traits)
-ATTNKIT_DEFINE_BEST(f16, Float16Traits)
+ATTNKIT_DEFINE_BEST(Float32Traits)
+ATTNKIT_DEFINE_BEST(BFloat16Traits)
+ATTNKIT_DEFINE_BEST(Float16Traits)
 #undef ATTNKIT_DEFINE_BEST
-
-template <class Traits>
-std::uint32_t max_score(const typename Traits::Bits* p, std::int64_t n, ScoreParams sp) {
-  if constexpr (std::is_same_v<Traits, Float32Traits>) {
-    return max_score_f32(p, n, sp);
-  } else if constexpr (std::is_same_v<Traits, BFloat16Traits>) {
-    return max_score_bf16(p, n, sp);
-  } else {
-    return max_score_f16(p, n, sp);
-  }
-}
-
-template <class Traits>
-std::int64_t first_with_score(const typename Traits::Bits* p, std::int64_t n, ScoreParams sp,
-                              std::uint32_t score) {
-  if constexpr (std::is_same_v<Traits, Float32Traits>) {
-    return first_with_score_f32(p, n, sp, score);
-  } else if constexpr (std::is_same_v<Traits, BFloat16Traits>) {
-    return first_with_score_bf16(p, n, sp, score);
-  } else {
-    return first_with_score_f16(p, n, sp, score);
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Candidate buffer and its reconstruct
@@ -507,9 +489,9 @@ std::size_t select_tiny(const typename Traits::Bits* row, std::int64_t lo, std::
 template <class Traits>
 std::size_t select_best(const typename Traits::Bits* row, std::int64_t lo, std::int64_t hi,
                         ScoreParams sp, Candidates& c) {
-  const std::uint32_t best = max_score<Traits>(row + lo, hi - lo, sp);
+  const std::uint32_t best = max_score(Traits{}, row + lo, hi - lo, sp);
   if (best == kExcludedScore) return 0;  // only NaNs that nan="ignore" drops
-  const std::int64_t at = lo + first_with_score<Traits>(row + lo, hi - lo, sp, best);
+  const std::int64_t at = lo + first_with_score(Traits{}, row + lo, hi - lo, sp, best);
   c.reserve(1);
   c.score[0] = best;
   c.col[0] = static_cast<std::uint32_t>(at);

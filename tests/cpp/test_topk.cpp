@@ -63,7 +63,7 @@ TEST(Topk, ShortRowsEveryOption) {
   }
 }
 
-/// Rows of 511-513 columns, whose last select (one, over the whole row: k + max(2k, 256)
+/// Rows of 511-513 columns, whose last select (one, over the whole row: k + max(2k, 32)
 /// exceeds N) runs on either side of the size where the CPU backend stops using its 12-bit
 /// histogram and selects among the (score, column) keys directly.
 TEST(Topk, RowsAroundTheDirectSelectSize) {
@@ -91,9 +91,10 @@ TEST(Topk, RowsAroundTheDirectSelectSize) {
   }
 }
 
-/// Rows long enough for the fast path's sampled starting threshold (rows of >= 2^14 with
-/// k <= N / 4), several reconstructs (k + max(2k, 256) candidates each) and, where there are
-/// fewer rows than threads, rows cut into segments.
+/// Rows long enough for the fast path's sampled starting threshold (cpu_row_floored: rows of
+/// >= 2^14 with k <= N / 4, or >= 2^12 with 64 <= k <= N / 4), several reconstructs
+/// (k + max(2k, 32) candidates each) and, where there are fewer rows than threads, rows cut
+/// into segments.
 TEST(Topk, LongRowsSampledThresholdAndReconstructs) {
   const std::int64_t ns[] = {16384, under_pow2(15), under_pow2(16), 131072, 200000};
   const std::int64_t ks[] = {1, 64, 1000, 2048, 4096};
@@ -119,6 +120,35 @@ TEST(Topk, LongRowsSampledThresholdAndReconstructs) {
         c.x_offset = v % 8 == 1 ? 3 : 0;
         ++v;
         check(c);
+      }
+    }
+  }
+}
+
+/// Rows of 4K-16K columns, floored from k = 64 up to a quarter of the row, over every
+/// distribution (ties at the floor, mostly NaN or +-inf, ascending rows...), and k = 1 on ranges
+/// either side of the 4096 columns up to which it takes its two passes (select_best).
+TEST(Topk, MidRowsEveryDistribution) {
+  CaseChecker check;
+  std::uint64_t v = 0;
+  for (DType dtype : kFloatDTypes) {
+    for (Dist dist : kAllDists) {
+      for (std::int64_t n : {4096, 4097, 8192, 12000}) {
+        for (std::int64_t k : {std::int64_t{1}, std::int64_t{64}, n / 4, n / 4 + 1}) {
+          TopkCase c;
+          c.dtype = dtype;
+          c.dist = dist;
+          c.seed = 7000 + v;
+          c.n = n;
+          c.k = k;
+          c.batch = 2;
+          c.largest = v % 2 == 0;
+          c.sorted = kAllOrders[(v / 2) % 3];
+          c.nan = kAllNanPolicies[(v / 3) % 3];
+          c.ranges = static_cast<Ranges>((v / 5) % 4);
+          ++v;
+          check(c);
+        }
       }
     }
   }

@@ -91,7 +91,7 @@ std::vector<TopkCase> sweep_cases(std::uint64_t seed, std::initializer_list<Dist
   return cases;
 }
 
-/// Rows of almost only -inf, long enough for the sampled floor (>= 16K), so that the floor is
+/// Rows of almost only -inf, long enough for the sampled floor (cpu_row_floored), so that it is
 /// -inf itself and the filter starts one score below it. Every number must still reach the
 /// exact test: with largest=true the k best are the few normals and NaNs, never -inf padding.
 /// Lengths that are not multiples of the 64-element block leave a tail that could supply k

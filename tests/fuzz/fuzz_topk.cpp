@@ -119,11 +119,16 @@ TopkCase decode_case(const std::uint8_t* data, std::size_t size, std::vector<std
   threads = 1 + ((b3 >> 4) & 3);
   const std::uint16_t n16 = r.u16();
   const bool long_row = (b0 >> 7) && (n16 & 0xF0) == 0xF0;
-  // Long rows reach the sampled threshold (>= 2^14 columns); the longest, rarer still, the
-  // split of a row into segments when rows are fewer than threads (>= 2^16 columns). A long
-  // row is a batch of its own and only just past its threshold, so that a run stays cheap.
+  // Long rows reach the sampled threshold (rows of 4K-16K columns with k >= 64, any k from
+  // 2^14 columns: cpu_row_floored); the longest, rarer still, the split of a row into segments
+  // when rows are fewer than threads (>= 2^16 columns). A long row is a batch of its own and
+  // only just past its threshold, so that a run stays cheap.
   const std::int64_t extra = (n16 >> 8) & 0x3F;
-  c.n = !long_row ? n16 % 1200 : (n16 >> 14) == 3 ? 65536 + extra * 8 : 16384 + extra * 32;
+  const int length_class = n16 >> 14;
+  c.n = !long_row              ? n16 % 1200
+        : length_class == 3    ? 65536 + extra * 8
+        : length_class == 2    ? 4096 + extra * 128
+                               : 16384 + extra * 32;
   c.batch = c.one_dim || long_row ? 1 : (b3 & 0xF) % 6;
   const std::uint16_t k16 = r.u16();
   c.k = (k16 >> 15) ? (k16 & 0x7FFF) % 5000 : static_cast<std::int64_t>(k16 % (c.n + 9));
