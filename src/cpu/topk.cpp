@@ -212,47 +212,11 @@ inline FilterResult filter_body(const typename Traits::Bits* p, std::int64_t n, 
   return {i, appended};
 }
 
-#define ATTNKIT_DEFINE_FILTER(name, Traits)                                                     \
-  ATTNKIT_VECTOR_CLONES FilterResult name(const Traits::Bits* p, std::int64_t n,                \
-                                          std::uint32_t col0, ScoreParams sp,                   \
-                                          std::uint32_t threshold, std::uint32_t* score,        \
-                                          std::uint32_t* col, std::size_t room) {               \
-    return sp.flip == 0 ? filter_body<Traits, true>(p, n, col0, sp, threshold, score, col, room) \
-                        : filter_body<Traits, false>(p, n, col0, sp, threshold, score, col, room); \
-  }
-ATTNKIT_DEFINE_FILTER(filter_f32, Float32Traits)
-ATTNKIT_DEFINE_FILTER(filter_bf16, BFloat16Traits)
-ATTNKIT_DEFINE_FILTER(filter_f16, Float16Traits)
-#undef ATTNKIT_DEFINE_FILTER
-
-template <class Traits>
-FilterResult filter(const typename Traits::Bits* p, std::int64_t n, std::uint32_t col0,
-                    ScoreParams sp, std::uint32_t threshold, std::uint32_t* score,
-                    std::uint32_t* col, std::size_t room) {
-  if constexpr (std::is_same_v<Traits, Float32Traits>) {
-    return filter_f32(p, n, col0, sp, threshold, score, col, room);
-  } else if constexpr (std::is_same_v<Traits, BFloat16Traits>) {
-    return filter_bf16(p, n, col0, sp, threshold, score, col, room);
-  } else {
-    return filter_f16(p, n, col0, sp, threshold, score, col, room);
-  }
-}
-
 template <class Traits>
 inline bool block_has_nan(const typename Traits::Bits* p, std::int64_t n) {
   std::uint32_t found = 0;  // an integer reduction, which vectorises; a bool one does not
   for (std::int64_t i = 0; i < n; ++i) found |= is_nan_bits<Traits>(p[i]) ? 1u : 0u;
   return found != 0;
-}
-
-ATTNKIT_VECTOR_CLONES bool has_nan_f32(const std::uint32_t* p, std::int64_t n) {
-  return block_has_nan<Float32Traits>(p, n);
-}
-ATTNKIT_VECTOR_CLONES bool has_nan_bf16(const std::uint16_t* p, std::int64_t n) {
-  return block_has_nan<BFloat16Traits>(p, n);
-}
-ATTNKIT_VECTOR_CLONES bool has_nan_f16(const std::uint16_t* p, std::int64_t n) {
-  return block_has_nan<Float16Traits>(p, n);
 }
 
 /// The best score of p[0, n), kExcludedScore when there is none (select_best's first pass, a
@@ -280,8 +244,19 @@ inline std::int64_t first_with_score_body(const typename Traits::Bits* __restric
   return i;
 }
 
-// One vector-cloned copy of each pass a dtype, chosen by overload on the dtype's traits.
-#define ATTNKIT_DEFINE_BEST(Traits)                                                              \
+// The vectorised loops, one copy a dtype with its vector clones, chosen by overload on the
+// dtype's traits (`filter(Traits{}, ...)`).
+#define ATTNKIT_DEFINE_VECTOR_LOOPS(Traits)                                                      \
+  ATTNKIT_VECTOR_CLONES FilterResult filter(Traits, const Traits::Bits* p, std::int64_t n,      \
+                                            std::uint32_t col0, ScoreParams sp,                 \
+                                            std::uint32_t threshold, std::uint32_t* score,      \
+                                            std::uint32_t* col, std::size_t room) {             \
+    return sp.flip == 0 ? filter_body<Traits, true>(p, n, col0, sp, threshold, score, col, room) \
+                        : filter_body<Traits, false>(p, n, col0, sp, threshold, score, col, room); \
+  }                                                                                             \
+  ATTNKIT_VECTOR_CLONES bool has_nan(Traits, const Traits::Bits* p, std::int64_t n) {           \
+    return block_has_nan<Traits>(p, n);                                                         \
+  }                                                                                             \
   ATTNKIT_VECTOR_CLONES std::uint32_t max_score(Traits, const Traits::Bits* p, std::int64_t n,  \
                                                 ScoreParams sp) {                               \
     return max_score_body<Traits>(p, n, sp);                                                    \
@@ -291,10 +266,10 @@ inline std::int64_t first_with_score_body(const typename Traits::Bits* __restric
                                                       std::uint32_t score) {                    \
     return first_with_score_body<Traits>(p, n, sp, score);                                      \
   }
-ATTNKIT_DEFINE_BEST(Float32Traits)
-ATTNKIT_DEFINE_BEST(BFloat16Traits)
-ATTNKIT_DEFINE_BEST(Float16Traits)
-#undef ATTNKIT_DEFINE_BEST
+ATTNKIT_DEFINE_VECTOR_LOOPS(Float32Traits)
+ATTNKIT_DEFINE_VECTOR_LOOPS(BFloat16Traits)
+ATTNKIT_DEFINE_VECTOR_LOOPS(Float16Traits)
+#undef ATTNKIT_DEFINE_VECTOR_LOOPS
 
 // ---------------------------------------------------------------------------------------------
 // Candidate buffer and its reconstruct
@@ -438,8 +413,8 @@ std::size_t filter_row(const typename Traits::Bits* row, std::int64_t lo, std::i
     // room: free slots up to `limit`, plus the kBlock of headroom reserve() added, so the
     // filter stops right when a reconstruct is due.
     const std::size_t room = limit + kBlock - n;
-    const FilterResult r = filter<Traits>(row + pos, hi - pos, static_cast<std::uint32_t>(pos), sp,
-                                          threshold, c.score.data() + n, c.col.data() + n, room);
+    const FilterResult r = filter(Traits{}, row + pos, hi - pos, static_cast<std::uint32_t>(pos),
+                                  sp, threshold, c.score.data() + n, c.col.data() + n, room);
     pos += r.consumed;
     n += r.appended;
     if (n >= limit) {
@@ -721,12 +696,7 @@ NanPosition find_nan(const TopkProblem& p) {
       if (b > first.load(std::memory_order_relaxed)) return;
       const cpu::RowRange r = cpu::row_range(p, b);
       const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride + r.lo;
-      const std::int64_t n = r.hi - r.lo;
-      bool any = false;
-      if constexpr (std::is_same_v<Traits, Float32Traits>) any = has_nan_f32(row, n);
-      if constexpr (std::is_same_v<Traits, BFloat16Traits>) any = has_nan_bf16(row, n);
-      if constexpr (std::is_same_v<Traits, Float16Traits>) any = has_nan_f16(row, n);
-      if (!any) continue;
+      if (!has_nan(Traits{}, row, r.hi - r.lo)) continue;
       std::int64_t seen = first.load(std::memory_order_relaxed);
       while (b < seen && !first.compare_exchange_weak(seen, b, std::memory_order_relaxed)) {
       }
