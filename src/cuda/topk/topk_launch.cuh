@@ -116,6 +116,15 @@ struct BufferPlan {
 
 /// The most kept slots for which 16-bit short rows take a candidate list (topk_short.cuh).
 constexpr std::uint32_t kShortListSlots = 2048;
+/// The fewest slots a 16-bit short-row CTA gets (4 KB of shared memory: the kept lists and a
+/// candidate list of 512 words). The list must hold every candidate from the first digit's
+/// pivot up, and with a small k that digit alone holds more than 2 x next_pow2(k) elements of
+/// natural data (an 11-bit digit is a quarter of a binade of bf16: up to a few percent of a
+/// row), which then resolved in the registers. Run 236 (H100, C++ benchmark, three rounds):
+/// bf16 4096 x 8192 k=64 63.6 -> 52.2 us, k=8 54.2 -> 51.6, causal k=64 53.5 -> 49.7,
+/// 4096 x 2048 k=16 54.9 -> 43.9; rows whose k already had 256 slots 0.998-1.006x; 512 or
+/// 1024 slots no faster than 256.
+constexpr std::uint32_t kShortListMinSlots = 256;
 
 /// fp32 rows of more than kShortWideMinLen columns (and at most kShortMaxLen) take short-row
 /// CTAs of kShortWideThreads threads holding 16 columns each, three an SM (39 registers), in
@@ -450,8 +459,10 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
     return;
   }
   if (plan.path == TopkPath::kShort) {
-    // At least two slots, so that the candidate list (at 2 x slots words) is 16-byte aligned.
-    const std::uint32_t slots = std::max<std::uint32_t>(plan.rows.survivor_slots, 2);
+    // At least two slots, so that the candidate list (at 2 x slots words) is 16-byte aligned;
+    // 16-bit rows at least kShortListMinSlots, so that a small k's list holds its pivot digit.
+    const std::uint32_t slots = std::max<std::uint32_t>(
+        plan.rows.survivor_slots, Traits::kBits == 16 ? kShortListMinSlots : 2);
     p.survivor_slots = slots;
     // 16-bit rows list their candidates where the sort's spare lists go, 2 x slots words; up
     // to kShortListSlots those keep four CTAs an SM (the registers' limit), beyond they would
