@@ -396,9 +396,8 @@ std::uint32_t sampled_floor(const typename Traits::Bits* row, std::int64_t lo, s
     c.sample[static_cast<std::size_t>(j)] =
         score_of<Traits>(row[lo + cpu_floor_sample_column(j, len, size)], sp);
   }
-  auto nth = c.sample.begin() + (rank - 1);
-  std::nth_element(c.sample.begin(), nth, c.sample.begin() + size, std::greater<>());
-  return *nth;
+  return rank_th_best(c.sample.data(), static_cast<std::size_t>(size),
+                      static_cast<std::size_t>(rank), Traits::kBits);
 }
 
 /// Streams columns [lo, hi) of `row` once, admitting elements whose score beats `threshold`,

@@ -92,7 +92,7 @@ TEST(Topk, RowsAroundTheDirectSelectSize) {
 }
 
 /// Rows long enough for the fast path's sampled starting threshold (cpu_row_floored: rows of
-/// >= 2^14 with k <= N / 4, or >= 2^12 with 64 <= k <= N / 4), several reconstructs
+/// >= 2^14 with k <= N / 4, or >= 2^12 with 32 <= k <= N / 4), several reconstructs
 /// (k + max(2k, 32) candidates each) and, where there are fewer rows than threads, rows cut
 /// into segments.
 TEST(Topk, LongRowsSampledThresholdAndReconstructs) {
@@ -125,7 +125,7 @@ TEST(Topk, LongRowsSampledThresholdAndReconstructs) {
   }
 }
 
-/// Rows of 4K-16K columns, floored from k = 64 up to a quarter of the row, over every
+/// Rows of 4K-16K columns, floored from k = 32 up to a quarter of the row, over every
 /// distribution (ties at the floor, mostly NaN or +-inf, ascending rows...), and k = 1 on ranges
 /// either side of the 4096 columns up to which it takes its two passes (select_best).
 TEST(Topk, MidRowsEveryDistribution) {
@@ -134,7 +134,8 @@ TEST(Topk, MidRowsEveryDistribution) {
   for (DType dtype : kFloatDTypes) {
     for (Dist dist : kAllDists) {
       for (std::int64_t n : {4096, 4097, 8192, 12000}) {
-        for (std::int64_t k : {std::int64_t{1}, std::int64_t{64}, n / 4, n / 4 + 1}) {
+        for (std::int64_t k : {std::int64_t{1}, std::int64_t{31}, std::int64_t{32}, n / 4,
+                               n / 4 + 1}) {
           TopkCase c;
           c.dtype = dtype;
           c.dist = dist;

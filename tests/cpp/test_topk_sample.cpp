@@ -4,11 +4,16 @@
 // one per stretch of vectors / 256 (spread over the whole row); the tests plant a row's best
 // values through filter_sampled_vector, which must name exactly those positions. The register
 // kernels' columns (short_sampled) must number 64 to 256 per 8192-column CTA. The CPU floor's
-// columns (cpu_floor_sample_column) must be distinct, inside the row and one per equal part.
+// columns (cpu_floor_sample_column) must be distinct, inside the row and one per equal part,
+// and its select (rank_th_best) must return what a full sort puts at the rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <random>
 #include <set>
+#include <vector>
 
 #include "common/topk_sample.hpp"
 
@@ -27,6 +32,7 @@ using attnkit::detail::kFilterSampleMaxPerThread;
 using attnkit::detail::kFilterSampleMinVectors;
 using attnkit::detail::kFilterSampleThreads;
 using attnkit::detail::kShortMaxLen;
+using attnkit::detail::rank_th_best;
 using attnkit::detail::short_sampled;
 using attnkit::detail::short_sampled_in;
 
@@ -46,10 +52,40 @@ TEST(TopkSample, CpuSampleOnePerPartInsideTheRow) {
   }
 }
 
+/// Every rank of score lists that its radix digits treat differently: random, a handful of
+/// values (ties across the rank), all in one top byte or one top 16 bits (the nth_element
+/// over the last bucket), all equal; list sizes on both sides of the 32 it orders directly.
+TEST(TopkSample, RankThBestMatchesASort) {
+  std::mt19937 rng(77);
+  for (int bits : {16, 32}) {
+    const std::uint32_t mask = bits == 32 ? ~0u : 0xFFFFu;
+    for (std::size_t n : {1u, 2u, 31u, 32u, 33u, 100u, 512u, 2048u}) {
+      for (int kind = 0; kind < 5; ++kind) {
+        std::vector<std::uint32_t> v(n);
+        for (std::uint32_t& s : v) {
+          const std::uint32_t r = static_cast<std::uint32_t>(rng()) & mask;
+          s = kind == 0 ? r
+            : kind == 1 ? (r % 4) << (bits - 8) | 7u
+            : kind == 2 ? (0x5Au << (bits - 8)) | (r >> 8)
+            : kind == 3 ? (0xA5C3u << (bits - 16)) | (r & ((1u << (bits - 16)) - 1u))
+            : 12345u;
+        }
+        std::vector<std::uint32_t> sorted = v;
+        std::sort(sorted.begin(), sorted.end(), std::greater<>());
+        for (std::size_t rank = 1; rank <= n; rank += rank < 40 ? 1 : n / 7 + 1) {
+          std::vector<std::uint32_t> work = v;
+          EXPECT_EQ(rank_th_best(work.data(), n, rank, bits), sorted[rank - 1])
+              << "bits " << bits << " n " << n << " kind " << kind << " rank " << rank;
+        }
+      }
+    }
+  }
+}
+
 TEST(TopkSample, CpuRowFlooredBounds) {
   EXPECT_FALSE(cpu_row_floored(64, 4095));   // too short
-  EXPECT_TRUE(cpu_row_floored(64, 4096));
-  EXPECT_FALSE(cpu_row_floored(63, 8192));   // a small k on a short row
+  EXPECT_TRUE(cpu_row_floored(32, 4096));
+  EXPECT_FALSE(cpu_row_floored(31, 8192));   // a small k on a short row
   EXPECT_TRUE(cpu_row_floored(1, 16384));    // any k on a long row...
   EXPECT_TRUE(cpu_row_floored(4096, 16384));
   EXPECT_FALSE(cpu_row_floored(4097, 16384));  // ...up to a quarter of it
