@@ -207,11 +207,11 @@ ATTNKIT_HD constexpr std::int64_t cpu_floor_sample_column(std::int64_t j, std::i
 }
 
 /// The rank-th best (1-based, 1 <= rank <= n) of the n scores v[0, n), of `score_bits` (16
-/// or 32) bits; reorders v. Two
-/// radix digits of a byte each narrow the scores to those that share the rank-th best's top
-/// 16 bits (a histogram, then the bucket moved to the front), and nth_element orders only
-/// those: nth_element over all of a 4096-column row's 512 sampled scores took about a third
-/// of the row's time, most of it in mispredicted branches (the CPU floor's select, host only).
+/// or 32) bits; reorders v. Two radix digits of a byte each narrow the scores to those that
+/// share the rank-th best's top 16 bits (a histogram, then the bucket moved to the front), and
+/// nth_element orders only those: nth_element over all of a 4096-column row's 512 sampled
+/// scores took about a third of the row's time, most of it in mispredicted branches (the CPU
+/// floor's select, host only).
 inline std::uint32_t rank_th_best(std::uint32_t* __restrict v, std::size_t n, std::size_t rank,
                                   int score_bits) {
   constexpr std::size_t kFew = 32;  // fewer scores go to nth_element at once
