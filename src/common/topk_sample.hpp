@@ -206,16 +206,47 @@ ATTNKIT_HD constexpr std::int64_t cpu_floor_sample_column(std::int64_t j, std::i
   return (2 * j + 1) * len / (2 * samples);
 }
 
+/// The columns cpu_floor_sample_column gives for j = 0, 1, ..., in order, with no division:
+/// (2j + 1) len / (2 samples) advances by len / samples, and by one more whenever the
+/// remainder of the step carries (a division a sample cost a 4096-column row about a fifth of
+/// its time).
+class CpuFloorColumns {
+ public:
+  ATTNKIT_HD constexpr CpuFloorColumns(std::int64_t len, std::int64_t samples)
+      : den_(2 * samples), col_(len / den_), rem_(len % den_), step_(2 * len / den_),
+        step_rem_(2 * len % den_) {}
+  /// The current column; then advances to the next j.
+  ATTNKIT_HD constexpr std::int64_t next() {
+    const std::int64_t col = col_;
+    col_ += step_;
+    rem_ += step_rem_;
+    if (rem_ >= den_) {
+      rem_ -= den_;
+      ++col_;
+    }
+    return col;
+  }
+
+ private:
+  std::int64_t den_, col_, rem_, step_, step_rem_;
+};
+
 /// The rank-th best (1-based, 1 <= rank <= n) of the n scores v[0, n), of `score_bits` (16
 /// or 32) bits; reorders v. Two radix digits of a byte each narrow the scores to those that
 /// share the rank-th best's top 16 bits (a histogram, then the bucket moved to the front), and
 /// nth_element orders only those: nth_element over all of a 4096-column row's 512 sampled
 /// scores took about a third of the row's time, most of it in mispredicted branches (the CPU
 /// floor's select, host only).
+/// `least` and `most` are the least and greatest of the scores (the caller finds them as it
+/// gathers them): scores of one value are their own answer, and a digit that all scores share
+/// needs no histogram (a histogram of one busy bin chains every increment through the one
+/// before: a sample of equal scores took twice as long as the rest of its row).
 inline std::uint32_t rank_th_best(std::uint32_t* __restrict v, std::size_t n, std::size_t rank,
-                                  int score_bits) {
+                                  int score_bits, std::uint32_t least, std::uint32_t most) {
   constexpr std::size_t kFew = 32;  // fewer scores go to nth_element at once
+  if (least == most) return least;
   for (int shift = score_bits - 8; shift >= score_bits - 16 && n > kFew; shift -= 8) {
+    if (((least ^ most) >> shift) == 0) continue;  // one digit here for every score left
     // Two histograms, even and odd scores, so that a run of scores in one bin does not chain
     // each increment through the one before.
     std::uint32_t hist[2][256] = {};

@@ -392,12 +392,16 @@ std::uint32_t sampled_floor(const typename Traits::Bits* row, std::int64_t lo, s
   const auto rank = static_cast<std::int64_t>(expected + 3.0 * std::sqrt(expected) + 2.0);
   if (rank >= size / 2) return kExcludedScore;  // the floor would filter too little to pay
   if (c.sample.size() < static_cast<std::size_t>(size)) c.sample.resize(static_cast<std::size_t>(size));
+  CpuFloorColumns columns(len, size);  // cpu_floor_sample_column(j, len, size), j = 0, 1, ...
+  std::uint32_t least = ~0u, most = 0;
   for (std::int64_t j = 0; j < size; ++j) {
-    c.sample[static_cast<std::size_t>(j)] =
-        score_of<Traits>(row[lo + cpu_floor_sample_column(j, len, size)], sp);
+    const std::uint32_t s = score_of<Traits>(row[lo + columns.next()], sp);
+    c.sample[static_cast<std::size_t>(j)] = s;
+    least = std::min(least, s);
+    most = std::max(most, s);
   }
   return rank_th_best(c.sample.data(), static_cast<std::size_t>(size),
-                      static_cast<std::size_t>(rank), Traits::kBits);
+                      static_cast<std::size_t>(rank), Traits::kBits, least, most);
 }
 
 /// Streams columns [lo, hi) of `row` once, admitting elements whose score beats `threshold`,

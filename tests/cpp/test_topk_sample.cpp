@@ -20,6 +20,7 @@
 namespace {
 
 using attnkit::detail::cpu_floor_sample_column;
+using attnkit::detail::CpuFloorColumns;
 using attnkit::detail::cpu_floor_samples;
 using attnkit::detail::cpu_row_floored;
 using attnkit::detail::filter_floor_rank;
@@ -43,11 +44,13 @@ TEST(TopkSample, CpuSampleOnePerPartInsideTheRow) {
     const std::int64_t samples = cpu_floor_samples(len);
     ASSERT_GE(samples, 512) << "len=" << len;
     ASSERT_LE(samples, 2048) << "len=" << len;
+    CpuFloorColumns columns(len, samples);  // the CPU floor's loop: no division a sample
     for (std::int64_t j = 0; j < samples; ++j) {
       // Sample j lies in part j of `samples` equal parts of the row.
       const std::int64_t c = cpu_floor_sample_column(j, len, samples);
       ASSERT_GE(c * samples, j * len) << "len=" << len << " j=" << j;
       ASSERT_LT(c * samples, (j + 1) * len) << "len=" << len << " j=" << j;
+      ASSERT_EQ(columns.next(), c) << "len=" << len << " j=" << j;
     }
   }
 }
@@ -74,7 +77,8 @@ TEST(TopkSample, RankThBestMatchesASort) {
         std::sort(sorted.begin(), sorted.end(), std::greater<>());
         for (std::size_t rank = 1; rank <= n; rank += rank < 40 ? 1 : n / 7 + 1) {
           std::vector<std::uint32_t> work = v;
-          EXPECT_EQ(rank_th_best(work.data(), n, rank, bits), sorted[rank - 1])
+          EXPECT_EQ(rank_th_best(work.data(), n, rank, bits, sorted.back(), sorted.front()),
+                    sorted[rank - 1])
               << "bits " << bits << " n " << n << " kind " << kind << " rank " << rank;
         }
       }
