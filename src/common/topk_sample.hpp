@@ -208,8 +208,8 @@ ATTNKIT_HD constexpr std::int64_t cpu_floor_sample_column(std::int64_t j, std::i
 
 /// The columns cpu_floor_sample_column gives for j = 0, 1, ..., in order, with no division:
 /// (2j + 1) len / (2 samples) advances by len / samples, and by one more whenever the
-/// remainder of the step carries (a division a sample cost a 4096-column row about a fifth of
-/// its time).
+/// remainder of the step carries (a 64-bit division a sample was 13 % of the time of 4096-column
+/// descending rows with k = 32, whose threshold otherwise rises at once).
 class CpuFloorColumns {
  public:
   ATTNKIT_HD constexpr CpuFloorColumns(std::int64_t len, std::int64_t samples)
