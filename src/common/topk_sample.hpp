@@ -177,9 +177,9 @@ ATTNKIT_HD constexpr bool filter_sampled_vector(std::int64_t v, std::int64_t vec
 /// The CPU backend's sampled floor (docs/topk.md, "CPU", "Sampled floor"). A row of `len`
 /// columns takes one for k <= len / 4 when it has at least 16K columns, or at least 4K and
 /// k >= 32: on shorter rows, or with a smaller k there, the sample costs more than it saves
-/// (its 512 scores are an eighth to a sixteenth of a 4K-8K row, while a small k's threshold
-/// rises within a few hundred columns anyway). One thread, fp32 rows of 8192: k=24 0.85x
-/// with a floor, k=32 0.94-1.24x, k=48 2.3-3.0x; rows of 4096: k=16 0.62x, k=32 2.1x.
+/// (its 256 scores are a sixteenth of a 4K row, while a small k's threshold rises within a
+/// few hundred columns anyway). One thread, fp32 rows of 8192 (with 512 samples then): k=24
+/// 0.85x with a floor, k=32 0.94-1.24x, k=48 2.3-3.0x; rows of 4096: k=16 0.62x, k=32 2.1x.
 inline constexpr std::int64_t kCpuSampleMinRow = std::int64_t{1} << 14;
 inline constexpr std::int64_t kCpuSampleShortRow = std::int64_t{1} << 12;
 inline constexpr std::int64_t kCpuSampleShortMinK = 32;
@@ -193,10 +193,13 @@ ATTNKIT_HD constexpr bool cpu_row_floored(std::int64_t k, std::int64_t len) {
 }
 
 /// Scores in the CPU floor's sample of a row of `len` >= kCpuSampleShortRow columns: 1/64 of
-/// the row, 512 to 2048.
+/// the row, 256 to 2048. At least 256 rather than 512 (rows under 32K columns): one thread,
+/// fp32 [64, 4096] k=32 154 -> 123 us, k=512 539 -> 505, [32, 12000] k=48 117 -> 108, rows of
+/// 4096 equal or descending values with k=32 1.26-1.33x; k=128 on 4096 and k=2048 on 8K-16K
+/// columns 0.93-0.99x (the floor's wider margin admits more).
 ATTNKIT_HD constexpr std::int64_t cpu_floor_samples(std::int64_t len) {
   const std::int64_t size = len / 64;
-  return size < 512 ? 512 : size > 2048 ? 2048 : size;
+  return size < 256 ? 256 : size > 2048 ? 2048 : size;
 }
 
 /// Column (counted from the row's begin) of sample j of `samples`: evenly spaced, at the middle

@@ -181,9 +181,9 @@ def test_one_dimensional_x(dtype, cols):
 def spiky_rows(rows: int, cols: int, dtype: str, rng) -> np.ndarray:
     """Small values with large spikes on an evenly spaced lattice (about 1/64 of the row):
     an evenly spaced sample of such a row sees mostly spikes, so a threshold estimated from it
-    is far too high for k larger than the number of spikes (512..2048)."""
+    is far too high for k larger than the number of spikes (256..2048, cpu_floor_samples)."""
     x = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float64)
-    size = min(max(cols // 64, 512), 2048)
+    size = min(max(cols // 64, 256), 2048)
     pos = (2 * np.arange(size) + 1) * cols // (2 * size)
     x[:, pos] = 100.0 + rng.random(size)
     return x.astype(dtype_of(dtype))
