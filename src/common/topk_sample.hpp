@@ -237,7 +237,7 @@ class CpuFloorColumns {
 /// The rank-th best (1-based, 1 <= rank <= n) of the n scores v[0, n), of `score_bits` (16
 /// or 32) bits; reorders v. Two radix digits of a byte each narrow the scores to those that
 /// share the rank-th best's top 16 bits (a histogram, then the bucket moved to the front), and
-/// nth_element orders only those: nth_element over all of a 4096-column row's 512 sampled
+/// nth_element orders only those: nth_element over all of a 4096-column row's (512) sampled
 /// scores took about a third of the row's time, most of it in mispredicted branches (the CPU
 /// floor's select, host only).
 /// `least` and `most` are the least and greatest of the scores (the caller finds them as it
