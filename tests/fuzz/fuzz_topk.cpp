@@ -119,7 +119,7 @@ TopkCase decode_case(const std::uint8_t* data, std::size_t size, std::vector<std
   threads = 1 + ((b3 >> 4) & 3);
   const std::uint16_t n16 = r.u16();
   const bool long_row = (b0 >> 7) && (n16 & 0xF0) == 0xF0;
-  // Long rows reach the sampled threshold (rows of 4K-16K columns with k >= 64, any k from
+  // Long rows reach the sampled threshold (rows of 4K-16K columns with k >= 32, any k from
   // 2^14 columns: cpu_row_floored); the longest, rarer still, the split of a row into segments
   // when rows are fewer than threads (>= 2^16 columns). A long row is a batch of its own and
   // only just past its threshold, so that a run stays cheap.
