@@ -315,9 +315,15 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
       // Up to the end of the digit above the highest sampled one: the k-th best lies above
       // the sample's best on some rows, and in the open last bin it would cost a pass more
       // (rows of 129280 normals, k=50: 1.08 passes on average against 1.53 up to the sampled
-      // digit's own end and 1.50 with bins of 2^15). A digit of 2048 wraps to 0, whose span
-      // reaches kMask.
-      const std::uint32_t end_digit = min(sample_top + 2u, static_cast<std::uint32_t>(kShortBins));
+      // digit's own end and 1.50 with bins of 2^15). Where under 0.3 sampled elements are
+      // expected above the k-th best (k < 38 with a sample every 128 columns) it lies more
+      // than a digit above the sample's best on many rows: two digits past it there (k=2-32:
+      // 1.02-1.07 passes against 1.15-1.68, tools/cluster_passes.py; one fp32 row of 129280,
+      // k=2-32, 18.7 -> 13.4 us on an H100). A digit of 2048 wraps to 0, whose span reaches
+      // kMask.
+      const std::uint32_t past = expected < 0.3f ? 3u : 2u;
+      const std::uint32_t end_digit =
+          min(sample_top + past, static_cast<std::uint32_t>(kShortBins));
       const std::uint32_t span = (end_digit << kTopShift) - 1u - range_lo;
       const int bits_needed = 32 - __clz(span);
       shift = bits_needed > kShortDigitBits ? bits_needed - kShortDigitBits : 0;
