@@ -3,23 +3,26 @@
 // and for profilers (ncu/nsys see only the top-k kernels and an L2-flushing memset).
 //
 // Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S]
-//                           [--sorted none|index|value] [--warm-code 0|1] [CASE ...]
+//                           [--sorted none|index|value] [--warm-code 0|1]
+//                           [--dist normal|uniform|lognormal] [CASE ...]
 //   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
 //          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
 // Method: after L2 flushes that bring the GPU's clocks up, one call captured in a CUDA graph,
 // replayed R times, each replay timed with events after L2 is flushed; the median is printed with
 // the effective bandwidth (valid input bytes read once + output bytes) / time. Inputs are N(0,1)
-// rows drawn from a generator seeded with S (default 42): the cluster kernel's pass count depends
-// on the data, so a single row's time is worth comparing across several seeds. The flush writes a
-// 256 MiB buffer and, by default ("clean"), reads it back (an argmax over it), so that L2 holds
-// only clean lines of a buffer the call never touches. "write" skips the read, as triton's do_bench
-// does: L2 is then full of dirty lines, which the timed call has to write back to memory as its
-// reads evict them (up to the L2's size of extra traffic).
+// rows (--dist: U[0,1), as torch.rand, or exp of N(0,1), a heavy upper tail like softmax
+// probabilities) drawn from a generator seeded with S (default 42): the cluster kernel's pass
+// count depends on the data, so a single row's time is worth comparing across several seeds and
+// distributions. The flush writes a 256 MiB buffer and, by default ("clean"), reads it back (an
+// argmax over it), so that L2 holds only clean lines of a buffer the call never touches. "write"
+// skips the read, as triton's do_bench does: L2 is then full of dirty lines, which the timed call
+// has to write back to memory as its reads evict them (up to the L2's size of extra traffic).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -93,13 +96,15 @@ int main(int argc, char** argv) {
   bool warm_code = false;
   attnkit::TopkOrder order = attnkit::TopkOrder::kNone;
   std::uint64_t seed = 42;
+  std::string dist = "normal";
   std::vector<Case> list;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S] "
-          "[--sorted none|index|value] [--warm-code 0|1] [CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
+          "[--sorted none|index|value] [--warm-code 0|1] [--dist normal|uniform|lognormal] "
+          "[CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
           "  Times attnkit::topk on GPU 0 (a CUDA-graph replay per repeat, L2 flushed); without\n"
           "  cases it runs the shapes of bench/bench_topk.py.\n");
       return 0;
@@ -126,6 +131,12 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--warm-code" && i + 1 < argc) {
       warm_code = std::atoi(argv[++i]) != 0;
+    } else if (a == "--dist" && i + 1 < argc) {
+      dist = argv[++i];
+      if (dist != "normal" && dist != "uniform" && dist != "lognormal") {
+        std::fprintf(stderr, "bad --dist '%s' (want normal, uniform or lognormal)\n", dist.c_str());
+        return 2;
+      }
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else {
@@ -196,8 +207,11 @@ int main(int argc, char** argv) {
     std::vector<std::uint8_t> host(static_cast<std::size_t>(c.batch * c.n) * elem);
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> uniform;
     for (std::size_t i = 0; i < host.size() / elem; ++i) {
-      const float v = normal(rng);
+      const float v = dist == "uniform" ? uniform(rng)
+                      : dist == "lognormal" ? std::exp(normal(rng))
+                                            : normal(rng);
       if (elem == 4) {
         const std::uint32_t bits = attnkit::detail::float_to_bits(v);
         std::copy_n(reinterpret_cast<const std::uint8_t*>(&bits), 4, &host[i * 4]);
