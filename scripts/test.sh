@@ -12,13 +12,15 @@
 #   ATTNKIT_CUDA        OFF/ON/AUTO for the Python package build (default: OFF without a GPU)
 #   ATTNKIT_CMAKE_ARGS  extra arguments for the C++ configure step
 #   ATTNKIT_PIP_ARGS    extra arguments for pip install (e.g. --no-build-isolation)
-#   ATTNKIT_JOBS        parallel build and test jobs (default: all cores)
+#   ATTNKIT_JOBS        parallel build and test jobs, the package build's too (default: all
+#                       cores; CMAKE_BUILD_PARALLEL_LEVEL, where set, still rules the latter)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 build_dir=build/cpp
 jobs=${ATTNKIT_JOBS:-$(nproc)}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}  # pip's CMake build
 python=${PYTHON:-python3}
 
 section() { printf '\n=== %s\n' "$*"; }
