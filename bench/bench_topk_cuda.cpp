@@ -208,10 +208,9 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal;
     std::uniform_real_distribution<float> uniform;
+    const int shape = dist == "uniform" ? 1 : dist == "lognormal" ? 2 : 0;  // chosen once a case
     for (std::size_t i = 0; i < host.size() / elem; ++i) {
-      const float v = dist == "uniform" ? uniform(rng)
-                      : dist == "lognormal" ? std::exp(normal(rng))
-                                            : normal(rng);
+      const float v = shape == 1 ? uniform(rng) : shape == 2 ? std::exp(normal(rng)) : normal(rng);
       if (elem == 4) {
         const std::uint32_t bits = attnkit::detail::float_to_bits(v);
         std::copy_n(reinterpret_cast<const std::uint8_t*>(&bits), 4, &host[i * 4]);
