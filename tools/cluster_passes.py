@@ -51,10 +51,15 @@ def sample(sc: np.ndarray, k: int):
     return sampled >> TOP_SHIFT, sampled, k / (PER_THREAD * every)
 
 
+def sample_need(e):
+    return int(e + 3 * math.sqrt(e) + 2)
+
+
 def digit_floor(digits, e):
-    """The start of the digit holding the sample's need-th best, less one."""
-    need = int(e + 3 * math.sqrt(e) + 2)
-    return (int(digits[need - 1]) << TOP_SHIFT) - 1
+    """The start of the digit holding the sample's need-th best, less one; with fewer sampled
+    elements than that, no floor (every element a candidate)."""
+    need = sample_need(e)
+    return (int(digits[need - 1]) << TOP_SHIFT) - 1 if need <= len(digits) else -1
 
 
 def passes(sc: np.ndarray, k: int, way) -> int:
@@ -113,7 +118,9 @@ def inner_floor(digits, e, sampled):
     where its digit holds at least max(4 need, 16) sampled elements; the span then ends with
     the floor's digit when it is the sample's top one."""
     floor, end = second_rank(digits, e)
-    need = int(e + 3 * math.sqrt(e) + 2)
+    need = sample_need(e)
+    if floor < 0:
+        return floor, end
     d = int(digits[need - 1])
     if int((digits == d).sum()) >= max(4 * need, 16):
         floor = (int(sampled[need - 1]) >> (TOP_SHIFT - 11) << (TOP_SHIFT - 11)) - 1
