@@ -87,6 +87,9 @@ const char* short_name(attnkit::DType d) {
   return d == attnkit::DType::kBFloat16 ? "bf16" : d == attnkit::DType::kFloat16 ? "f16" : "f32";
 }
 
+/// The rows' values (--dist).
+enum class RowDist { kNormal, kUniform, kLognormal };
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,7 +99,7 @@ int main(int argc, char** argv) {
   bool warm_code = false;
   attnkit::TopkOrder order = attnkit::TopkOrder::kNone;
   std::uint64_t seed = 42;
-  std::string dist = "normal";
+  RowDist dist = RowDist::kNormal;
   std::vector<Case> list;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -132,9 +135,12 @@ int main(int argc, char** argv) {
     } else if (a == "--warm-code" && i + 1 < argc) {
       warm_code = std::atoi(argv[++i]) != 0;
     } else if (a == "--dist" && i + 1 < argc) {
-      dist = argv[++i];
-      if (dist != "normal" && dist != "uniform" && dist != "lognormal") {
-        std::fprintf(stderr, "bad --dist '%s' (want normal, uniform or lognormal)\n", dist.c_str());
+      const std::string name = argv[++i];
+      if (name == "normal") dist = RowDist::kNormal;
+      else if (name == "uniform") dist = RowDist::kUniform;
+      else if (name == "lognormal") dist = RowDist::kLognormal;
+      else {
+        std::fprintf(stderr, "bad --dist '%s' (want normal, uniform or lognormal)\n", name.c_str());
         return 2;
       }
     } else if (a == "--seed" && i + 1 < argc) {
@@ -208,9 +214,10 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal;
     std::uniform_real_distribution<float> uniform;
-    const int shape = dist == "uniform" ? 1 : dist == "lognormal" ? 2 : 0;  // chosen once a case
     for (std::size_t i = 0; i < host.size() / elem; ++i) {
-      const float v = shape == 1 ? uniform(rng) : shape == 2 ? std::exp(normal(rng)) : normal(rng);
+      const float v = dist == RowDist::kUniform     ? uniform(rng)
+                      : dist == RowDist::kLognormal ? std::exp(normal(rng))
+                                                    : normal(rng);
       if (elem == 4) {
         const std::uint32_t bits = attnkit::detail::float_to_bits(v);
         std::copy_n(reinterpret_cast<const std::uint8_t*>(&bits), 4, &host[i * 4]);

@@ -52,6 +52,7 @@ def sample(sc: np.ndarray, k: int):
 
 
 def sample_need(e):
+    """The sample's rank whose digit sets the floor: e plus three deviations plus two."""
     return int(e + 3 * math.sqrt(e) + 2)
 
 
