@@ -68,6 +68,8 @@ def passes(sc: np.ndarray, k: int, way) -> int:
     passes of a select over the whole row from the top digit."""
     digits, sampled, e = sample(sc, k)
     floor, end_digit = way(digits, e, sampled)
+    if floor < 0:  # no floor: the kernel's passes start from the top digits of the whole row
+        return select_passes(sc, k, 0, 1 << 32)
     cand = sc[sc > floor]
     if len(cand) < k:
         return 1 + select_passes(sc, k, 0, 1 << 32)
