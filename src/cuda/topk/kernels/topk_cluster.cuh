@@ -269,12 +269,7 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
   // Samples above the k-th best: k / (columns per sample) expected; allow three deviations.
   const float expected = static_cast<float>(p.k_select) / static_cast<float>(kPerThread * every);
   const auto sample_need = static_cast<std::uint32_t>(expected + 3.0f * sqrtf(expected) + 2.0f);
-  finish_pass(sample_need);
   std::uint32_t floor_score = kExcludedScore;  // candidates score above it
-  if (s.pivot.candidates >= sample_need && s.pivot.digit > 0) {
-    floor_score = (s.pivot.digit << kTopShift) - 1u;
-  }
-  const std::uint32_t sample_top = s.pivot.top;  // read before the next pass rewrites it
 
   // 2. Candidates: the valid elements scoring above the floor.
   auto mark_candidates = [&] {
@@ -295,7 +290,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
     }
     return marked;
   };
-  std::uint32_t cand = mark_candidates();
+  std::uint32_t cand = 0;
+  bool marked = false;  // cand holds the candidates of floor_score
 
   // 3. Radix select of the k-th best candidate score over pooled histograms. A pass counts
   // the candidates in [lo, hi] by (score - lo) >> shift, the last bin also taking everything
@@ -304,43 +300,56 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
   // scores); for fp32, 2048 bins from the floor to the end of the digit above the highest
   // sampled one (on i.i.d. rows with small k, under one candidate a bin at the k-th best, so
   // the first pass often finds the pivot's bin kept whole and ends the select), then 11 bits
-  // of the pivot's bin at a time.
-  std::uint32_t range_lo = floor_score + 1u, range_hi = Traits::kMask, need = p.k_select;
+  // of the pivot's bin at a time. The sample's pass (step 1) is the loop's first, and the
+  // marking runs at the top of a select pass, so that the pooled pass and the marking each
+  // have one call site: code this kernel fetches after every flush costs time even where it
+  // does not run.
+  std::uint32_t range_lo = 1u, range_hi = Traits::kMask, need = sample_need;
   std::uint32_t kth = kExcludedScore, keep_equal = 0;  // kept: score > kth, or == kth (first keep_equal)
   int shift = kTopShift;  // without a floor: the top digits first
-  if (floor_score != kExcludedScore) {
-    if constexpr (kKeyBits == 16) {
-      shift = 0;
-    } else {
-      // Up to the end of the digit above the highest sampled one: the k-th best lies above
-      // the sample's best on some rows, and in the open last bin it would cost a pass more
-      // (rows of 129280 normals, k=50: 1.08 passes on average against 1.53 up to the sampled
-      // digit's own end and 1.50 with bins of 2^15). Where under 0.3 sampled elements are
-      // expected above the k-th best (k < 38 with a sample every 128 columns) it lies more
-      // than a digit above the sample's best on many rows: two digits past it there (k=2-32:
-      // 1.02-1.07 passes against 1.15-1.68, tools/cluster_passes.py; one fp32 row of 129280,
-      // k=2-32, 18.7 -> 13.4 us on an H100). A digit of 2048 wraps to 0, whose span reaches
-      // kMask.
-      const std::uint32_t past = expected < 0.3f ? 3u : 2u;
-      const std::uint32_t end_digit =
-          min(sample_top + past, static_cast<std::uint32_t>(kShortBins));
-      const std::uint32_t span = (end_digit << kTopShift) - 1u - range_lo;
-      const int bits_needed = 32 - __clz(span);
-      shift = bits_needed > kShortDigitBits ? bits_needed - kShortDigitBits : 0;
+  constexpr std::uint32_t last = kShortBins - 1;
+  bool first = true;  // the first select pass
+  for (bool sample = true;; sample = false) {
+    if (!sample) {
+      if (!marked) cand = mark_candidates(), marked = true;
+      for_each(cand, [&](std::uint32_t bits, int) {
+        const std::uint32_t score = score_of<Traits>(bits, p.sp);
+        if (score >= range_lo && score <= range_hi) {
+          count_digit(min((score - range_lo) >> shift, last));
+        }
+      });
     }
-  }
-  bool first = true;
-  for (;;) {
-    const std::uint32_t last = kShortBins - 1;
-    for_each(cand, [&](std::uint32_t bits, int) {
-      const std::uint32_t score = score_of<Traits>(bits, p.sp);
-      if (score >= range_lo && score <= range_hi) count_digit(min((score - range_lo) >> shift, last));
-    });
     finish_pass(need);
+    if (sample) {
+      need = p.k_select;
+      if (s.pivot.candidates < sample_need || s.pivot.digit == 0) continue;  // no floor
+      floor_score = (s.pivot.digit << kTopShift) - 1u;
+      range_lo = floor_score + 1u;
+      if constexpr (kKeyBits == 16) {
+        shift = 0;
+      } else {
+        // Up to the end of the digit above the highest sampled one: the k-th best lies above
+        // the sample's best on some rows, and in the open last bin it would cost a pass more
+        // (rows of 129280 normals, k=50: 1.08 passes on average against 1.53 up to the sampled
+        // digit's own end and 1.50 with bins of 2^15). Where under 0.3 sampled elements are
+        // expected above the k-th best (k < 38 with a sample every 128 columns) it lies more
+        // than a digit above the sample's best on many rows: two digits past it there (k=2-32:
+        // 1.02-1.07 passes against 1.15-1.68, tools/cluster_passes.py; one fp32 row of 129280,
+        // k=2-32, 18.7 -> 13.4 us on an H100). A digit of 2048 wraps to 0, whose span reaches
+        // kMask.
+        const std::uint32_t past = expected < 0.3f ? 3u : 2u;
+        const std::uint32_t end_digit =
+            min(s.pivot.top + past, static_cast<std::uint32_t>(kShortBins));
+        const std::uint32_t span = (end_digit << kTopShift) - 1u - range_lo;
+        const int bits_needed = 32 - __clz(span);
+        shift = bits_needed > kShortDigitBits ? bits_needed - kShortDigitBits : 0;
+      }
+      continue;
+    }
     if (first && s.pivot.candidates < need && floor_score != kExcludedScore) {
       // The sample overestimated the row: every valid element competes.
       floor_score = kExcludedScore;
-      cand = mark_candidates();
+      marked = false;
       range_lo = 1u;
       shift = kTopShift;
       continue;
