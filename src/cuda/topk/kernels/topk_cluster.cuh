@@ -133,11 +133,13 @@ struct ClusterScratch {
   PivotState pivot;
 };
 
-// 256-thread CTAs two an SM; 512-thread ones (rows beyond 16 x 8192 columns) one, with the
-// same registers a thread. kSorted (sorted="value") is a kernel of its own: the sort's code
-// in the unordered kernel made one-row calls 4-6 % slower (code fetched after the L2 flush).
+// 256-thread CTAs two an SM, four for 16-bit rows (the dispatch puts up to four an SM on batches
+// of 16-bit rows: 64 registers a thread at most); 512-thread ones (rows beyond 16 x 8192
+// columns) one, with the same registers a thread. kSorted (sorted="value") is a kernel of its
+// own: the sort's code in the unordered kernel made one-row calls 4-6 % slower (code fetched
+// after the L2 flush).
 template <class Traits, int kThreads, int kPerThread, bool kClustered, bool kSorted>
-__global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : 2)
+__global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits == 16 ? 4 : 2)
     topk_cluster_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));  // elements per 16-byte vector
