@@ -50,30 +50,38 @@ __device__ __forceinline__ void block_min_max(std::uint32_t& lo, std::uint32_t& 
   for (int w = 0; w < kWarps; ++w) lo = min(lo, warp_totals[w]), hi = max(hi, warp_totals[16 + w]);
 }
 
+/// From `count` (<= 32) totals in shared memory, `totals[0 .. count)`: in every thread, the sum
+/// of those before `position` (`before`) and of all of them (`total`). From sm_80 on, one shared
+/// read by the first `count` lanes and two `redux.sync` a warp, where every thread reading and
+/// adding up every total took about 3 count instructions a thread (and, for a count known only
+/// at run time, an unrolled loop of several times that in code). All 32 lanes of the warp must
+/// call it.
+__device__ __forceinline__ void lane_totals_before(const std::uint32_t* totals, int count,
+                                                   int position, std::uint32_t& before,
+                                                   std::uint32_t& total) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int lane = threadIdx.x % kWarpSize;
+  const std::uint32_t t = lane < count ? totals[lane] : 0u;
+  total = __reduce_add_sync(0xFFFFFFFFu, t);
+  before = __reduce_add_sync(0xFFFFFFFFu, lane < position ? t : 0u);
+#else
+  before = 0, total = 0;
+  for (int i = 0; i < count; ++i) {
+    const std::uint32_t t = totals[i];  // broadcast reads: no bank conflict
+    before += i < position ? t : 0u;
+    total += t;
+  }
+#endif
+}
+
 /// From the warps' totals `totals[0 .. kWarps)` (shared memory, published before the caller's
 /// barrier): in every thread, the sum of the totals of the warps before its own (`before`) and
-/// of all of them (`total`). From sm_80 on, one shared read by the first kWarps lanes and two
-/// `redux.sync` a warp, where every thread reading and adding up every total took 3 kWarps
-/// instructions a thread. All 32 lanes of every warp must call it.
+/// of all of them (`total`), by lane_totals_before. All 32 lanes of every warp must call it.
 template <int kWarps>
 __device__ __forceinline__ void warp_totals_before(const std::uint32_t* totals,
                                                    std::uint32_t& before, std::uint32_t& total) {
   static_assert(kWarps >= 1 && kWarps <= kWarpSize, "one total a lane");
-  const int warp = threadIdx.x / kWarpSize;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const int lane = threadIdx.x % kWarpSize;
-  const std::uint32_t t = lane < kWarps ? totals[lane] : 0u;
-  total = __reduce_add_sync(0xFFFFFFFFu, t);
-  before = __reduce_add_sync(0xFFFFFFFFu, lane < warp ? t : 0u);
-#else
-  before = 0, total = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const std::uint32_t t = totals[w];  // broadcast reads: no bank conflict
-    before += w < warp ? t : 0u;
-    total += t;
-  }
-#endif
+  lane_totals_before(totals, kWarps, static_cast<int>(threadIdx.x / kWarpSize), before, total);
 }
 
 /// Exclusive prefix sum of `v` over the block in thread order, and the block total.
