@@ -44,6 +44,24 @@ ATTNKIT_HD constexpr int short_cluster_threads(std::int64_t row_len, bool wide =
 /// in clusters of 512-thread CTAs).
 ATTNKIT_HD constexpr int short_sample_every(int ctas) { return ctas >= 4 ? 4 : ctas; }
 
+/// The cluster kernel's sample (kernels/topk_cluster.cuh, step 1) of a row of `ctas` CTAs whose
+/// best `k_select` are wanted: e = k_select / (kShortPerThread * short_sample_every(ctas)) sampled
+/// elements are expected above the k-th best; the floor is the digit of the sample's `need`-th
+/// best, need = e + 3 sqrt(e) + 2; the first fp32 select pass spans the floor to `past` digits
+/// beyond the sample's best digit, 3 where e < 0.3 (the k-th best then often lies more than a
+/// digit above the sample's best), else 2. Worked out on the host: the float division and square
+/// root with their slow paths were about 140 SASS instructions of the kernel.
+struct ClusterSample {
+  std::uint32_t need;
+  std::uint32_t past;
+};
+inline ClusterSample cluster_sample(std::uint32_t k_select, int ctas) {
+  const float expected = static_cast<float>(k_select) /
+                         static_cast<float>(kShortPerThread * short_sample_every(ctas));
+  return {static_cast<std::uint32_t>(expected + 3.0f * std::sqrt(expected) + 2.0f),
+          expected < 0.3f ? 3u : 2u};
+}
+
 /// The element (0 .. 31) that sampling thread `tid` of cluster CTA `rank` samples: offsets vary
 /// between threads so that no period of the data lines up with the sample.
 ATTNKIT_HD constexpr int short_sample_element(int tid, int rank) {

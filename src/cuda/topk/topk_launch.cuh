@@ -487,6 +487,9 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   if (plan.path == TopkPath::kCluster) {
     p.survivor_slots = plan.rows.survivor_slots;
     p.cluster_ctas = plan.cluster_ctas;
+    const ClusterSample sample = cluster_sample(p.k_select, plan.cluster_ctas);
+    p.cluster_sample_need = sample.need;
+    p.cluster_span_past = sample.past;
     const std::size_t smem =
         cluster_smem_bytes<Traits>(plan.rows.survivor_slots, plan.cluster_threads, p.sort_by_value);
     if (plan.cluster_ctas == 1) {

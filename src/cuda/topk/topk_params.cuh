@@ -67,8 +67,11 @@ struct TopkKernelParams {
   // sampled floor bounded its admissions.
   std::uint32_t* slice_count;
 
-  // Cluster rows: CTAs per row (one thread-block cluster when > 1).
+  // Cluster rows: CTAs per row (one thread-block cluster when > 1), and the sample's need and
+  // span (cluster_sample, common/topk_sample.hpp).
   int cluster_ctas;
+  std::uint32_t cluster_sample_need;
+  std::uint32_t cluster_span_past;
 
   // Large k: (score << 32 | ~column) per selected element, [B, k], for sorted="value".
   std::uint64_t* ranked;

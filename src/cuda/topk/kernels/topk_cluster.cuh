@@ -268,9 +268,10 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     }
   }
   if constexpr (kClustered) cluster_wait();  // every CTA runs and has cleared its histograms
-  // Samples above the k-th best: k / (columns per sample) expected; allow three deviations.
-  const float expected = static_cast<float>(p.k_select) / static_cast<float>(kPerThread * every);
-  const auto sample_need = static_cast<std::uint32_t>(expected + 3.0f * sqrtf(expected) + 2.0f);
+  // Samples above the k-th best: k / (columns per sample) expected, three deviations allowed
+  // (cluster_sample, worked out on the host).
+  static_assert(kPerThread == kShortPerThread, "the columns a sample of cluster_sample");
+  const std::uint32_t sample_need = p.cluster_sample_need;
   std::uint32_t floor_score = kExcludedScore;  // candidates score above it
 
   // 2. Candidates: the valid elements scoring above the floor.
@@ -339,9 +340,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
         // 1.02-1.07 passes against 1.15-1.68, tools/cluster_passes.py; one fp32 row of 129280,
         // k=2-32, 18.7 -> 13.4 us on an H100). A digit of 2048 wraps to 0, whose span reaches
         // kMask.
-        const std::uint32_t past = expected < 0.3f ? 3u : 2u;
         const std::uint32_t end_digit =
-            min(s.pivot.top + past, static_cast<std::uint32_t>(kShortBins));
+            min(s.pivot.top + p.cluster_span_past, static_cast<std::uint32_t>(kShortBins));
         const std::uint32_t span = (end_digit << kTopShift) - 1u - range_lo;
         const int bits_needed = 32 - __clz(span);
         shift = bits_needed > kShortDigitBits ? bits_needed - kShortDigitBits : 0;
