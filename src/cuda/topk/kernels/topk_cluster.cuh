@@ -102,14 +102,14 @@ __device__ __forceinline__ std::uint32_t cluster_address(const void* p, unsigned
 #endif
 }
 
-/// *p += v in the shared memory of cluster CTA `rank`, discarding the old value.
-__device__ __forceinline__ void cluster_add(std::uint32_t* p, unsigned rank, std::uint32_t v) {
+/// Adds v to the word at `address` (from cluster_address) in the shared memory of a cluster
+/// CTA, discarding the old value.
+__device__ __forceinline__ void cluster_add_at(std::uint32_t address, std::uint32_t v) {
 #ifdef ATTNKIT_HAS_CLUSTERS
-  asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;"
-               :: "r"(cluster_address(p, rank)), "r"(v) : "memory");
+  asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;" :: "r"(address), "r"(v)
+               : "memory");
 #else
-  (void)rank;
-  atomicAdd(p, v);
+  asm volatile("red.shared.add.u32 [%0], %1;" :: "r"(address), "r"(v) : "memory");
 #endif
 }
 
@@ -122,6 +122,19 @@ __device__ __forceinline__ void cluster_store(std::uint32_t* p, unsigned rank, s
   (void)rank;
   *p = v;
 #endif
+}
+
+/// Zeroes `kWords` words of shared memory at `p` (16-byte aligned), 16 bytes a thread a turn, in
+/// a loop whose count is known at compile time: a loop from threadIdx.x, which the compiler
+/// cannot bound, unrolls with setup and remainder code (60-80 SASS instructions each).
+template <int kThreads, int kWords>
+__device__ __forceinline__ void clear_shared(std::uint32_t* p) {
+  static_assert(kWords % (4 * kThreads) == 0, "whole 16-byte words a thread");
+  auto* const p4 = reinterpret_cast<uint4*>(p);
+#pragma unroll
+  for (int j = 0; j < kWords / (4 * kThreads); ++j) {
+    p4[j * kThreads + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+  }
 }
 
 template <bool kClustered>
@@ -181,11 +194,9 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   std::uint32_t* const staged = smem + 2 * p.survivor_slots;
 #pragma unroll
   for (int w = 0; w < kWords; ++w) staged[w * kThreads + tid] = vector_word(v[w / 4], w % 4);
-  for (int i = tid; i < 2 * kShortBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+  clear_shared<kThreads, 2 * kShortBins>(&s.hist[0][0]);
   if (tid == 0) s.pivot.top = 0;  // read even when the sample is empty
-  if constexpr (kClustered) {
-    for (int i = tid; i < kShortBins; i += kThreads) s.local[i] = 0;
-  }
+  if constexpr (kClustered) clear_shared<kThreads, kShortBins>(s.local);
 
   // Element i of this thread's columns, as bits.
   constexpr int kPerWord = kVec / 4;  // elements in a 32-bit word
@@ -229,17 +240,21 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     __syncthreads();
     if constexpr (kClustered) {
       // Thread t adds bins t, t + kThreads, ...: each warp's additions go out as one
-      // instruction over consecutive words (one bin per lane was 4x slower, run 27).
-      for (int i = tid; i < kShortBins; i += kThreads) {
-        const std::uint32_t c = s.local[i];
+      // instruction over consecutive words (one bin per lane was 4x slower, run 27). CTA 0's
+      // copy of the histogram is one window of the cluster's shared memory: one address
+      // mapping, then offsets.
+      const std::uint32_t remote = cluster_address(&s.hist[h][tid], 0);
+#pragma unroll
+      for (int j = 0; j < kShortBins / kThreads; ++j) {
+        const std::uint32_t c = s.local[j * kThreads + tid];
         if (c == 0) continue;
-        s.local[i] = 0;
-        cluster_add(&s.hist[h][i], 0, c);
+        s.local[j * kThreads + tid] = 0;
+        cluster_add_at(remote + j * kThreads * 4u, c);
       }
       cluster_sync();
       if (rank == 0) {
         find_pivot_digit<kThreads, kShortBins, kFindTop>(s.pivot, s.hist[h], need);
-        for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
+        clear_shared<kThreads, kShortBins>(s.hist[h]);
         if (tid > 0 && tid < static_cast<int>(ctas)) {  // thread r hands the pivot to CTA r
           cluster_store(&s.pivot.digit, tid, s.pivot.digit);
           cluster_store(&s.pivot.need, tid, s.pivot.need);
@@ -251,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
       cluster_sync();  // the pivot is in every CTA; CTA 0's histogram is clear
     } else {
       find_pivot_digit<kThreads, kShortBins, kFindTop>(s.pivot, s.hist[h], need);
-      for (int i = tid; i < kShortBins; i += kThreads) s.hist[h][i] = 0;
+      clear_shared<kThreads, kShortBins>(s.hist[h]);
     }
     h ^= 1;
   };
