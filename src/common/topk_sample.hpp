@@ -3,8 +3,8 @@
 // kernel (kernels/topk_cluster.cuh, step 1), the filter kernel (kernels/topk_filter.cuh, the
 // sampled floor) and the CPU backend (src/cpu/topk.cpp, sampled_floor) sample a row: shared
 // with the tests, which plant the row's best values exactly there to make the sample
-// overestimate the row and so exercise the second, full select or scan; and the CPU floor's
-// select of its sample (rank_th_best).
+// overestimate the row and so exercise the second, full select or scan; the CPU floor's select
+// of its sample (rank_th_best); and the cluster kernel's sample need (cluster_sample).
 #pragma once
 
 #include <algorithm>
@@ -47,10 +47,11 @@ ATTNKIT_HD constexpr int short_sample_every(int ctas) { return ctas >= 4 ? 4 : c
 /// The cluster kernel's sample (kernels/topk_cluster.cuh, step 1) of a row of `ctas` CTAs whose
 /// best `k_select` are wanted: e = k_select / (kShortPerThread * short_sample_every(ctas)) sampled
 /// elements are expected above the k-th best; the floor is the digit of the sample's `need`-th
-/// best, need = e + 3 sqrt(e) + 2; the first fp32 select pass spans the floor to `past` digits
-/// beyond the sample's best digit, 3 where e < 0.3 (the k-th best then often lies more than a
-/// digit above the sample's best), else 2. Worked out on the host: the float division and square
-/// root with their slow paths were about 140 SASS instructions of the kernel.
+/// best, need = e + 3 sqrt(e) + 2; the first fp32 select pass spans the floor up to, not
+/// including, digit `top + past`, top being the sample's best digit: past = 2 (one digit past
+/// the sample's best), or 3 where e < 0.3 (the k-th best then often lies more than a digit above
+/// the sample's best). Worked out on the host: the float division and square root with their
+/// slow paths were about 140 SASS instructions of the kernel.
 struct ClusterSample {
   std::uint32_t need;
   std::uint32_t past;

@@ -5,7 +5,8 @@
 // values through filter_sampled_vector, which must name exactly those positions. The register
 // kernels' columns (short_sampled) must number 64 to 256 per 8192-column CTA. The CPU floor's
 // columns (cpu_floor_sample_column) must be distinct, inside the row and one per equal part,
-// and its select (rank_th_best) must return what a full sort puts at the rank.
+// and its select (rank_th_best) must return what a full sort puts at the rank. The cluster
+// kernel's sample need and first span (cluster_sample) must follow e + 3 sqrt(e) + 2 and e < 0.3.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 namespace {
 
+using attnkit::detail::cluster_sample;
 using attnkit::detail::cpu_floor_sample_column;
 using attnkit::detail::CpuFloorColumns;
 using attnkit::detail::cpu_floor_samples;
@@ -253,6 +255,32 @@ TEST(TopkSample, ShortSampledFollowsTheClusterLayout) {
   EXPECT_TRUE(short_sampled(8192 + 5, 131072));
   for (std::int64_t c = 0; c < 65536; ++c) {
     ASSERT_EQ(short_sampled_in(c, 65536, true), short_sampled_in(c, 65536, false)) << c;
+  }
+}
+
+TEST(TopkSample, ClusterSampleNeedAndPast) {
+  // e = k / (32 columns x every ctas-th thread up to 4): need = e + 3 sqrt(e) + 2, truncated;
+  // the first fp32 pass reaches two digits past the sample's best where e < 0.3, else one.
+  struct Case {
+    std::uint32_t k;
+    int ctas;
+    std::uint32_t need, past;
+  };
+  const Case cases[] = {
+      {50, 16, 4, 2},     // e = 50 / 128 = 0.390625: 0.39 + 1.875 + 2 = 4.27
+      {38, 16, 3, 3},     // e = 0.296875: 0.30 + 1.63 + 2 = 3.93
+      {39, 16, 3, 2},     // e = 0.3046875
+      {2048, 16, 30, 2},  // e = 16: 16 + 12 + 2
+      {512, 1, 30, 2},    // one CTA samples every thread: e = 512 / 32 = 16
+      {512, 2, 18, 2},    // e = 8: 8 + 8.49 + 2 = 18.49
+      {9, 1, 3, 3},       // e = 0.28125: 0.28 + 1.59 + 2 = 3.87
+      {10, 1, 3, 2},      // e = 0.3125: 0.31 + 1.68 + 2 = 3.99
+      {1, 16, 2, 3},      // e = 1 / 128: 0.008 + 0.27 + 2 = 2.27
+  };
+  for (const Case& c : cases) {
+    const auto sample = cluster_sample(c.k, c.ctas);
+    EXPECT_EQ(sample.need, c.need) << "k=" << c.k << " ctas=" << c.ctas;
+    EXPECT_EQ(sample.past, c.past) << "k=" << c.k << " ctas=" << c.ctas;
   }
 }
 

@@ -50,12 +50,13 @@ __device__ __forceinline__ void block_min_max(std::uint32_t& lo, std::uint32_t& 
   for (int w = 0; w < kWarps; ++w) lo = min(lo, warp_totals[w]), hi = max(hi, warp_totals[16 + w]);
 }
 
-/// From `count` (<= 32) totals in shared memory, `totals[0 .. count)`: in every thread, the sum
-/// of those before `position` (`before`) and of all of them (`total`). From sm_80 on, one shared
-/// read by the first `count` lanes and two `redux.sync` a warp, where every thread reading and
-/// adding up every total took about 3 count instructions a thread (and, for a count known only
-/// at run time, an unrolled loop of several times that in code). All 32 lanes of the warp must
-/// call it.
+/// From `count` (<= 32) totals in shared memory, `totals[0 .. count)`, published before the
+/// caller's barrier: in every thread, the sum of those before `position` (`before`) and of all of
+/// them (`total`). `count` and `position` must be the same in every lane of the warp. From sm_80
+/// on, one shared read by the first `count` lanes and two `redux.sync` a warp, where every thread
+/// reading and adding up every total took about 3 count instructions a thread (and, for a count
+/// known only at run time, an unrolled loop of several times that in code). All 32 lanes of the
+/// warp must call it.
 __device__ __forceinline__ void lane_totals_before(const std::uint32_t* totals, int count,
                                                    int position, std::uint32_t& before,
                                                    std::uint32_t& total) {

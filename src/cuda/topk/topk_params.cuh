@@ -67,8 +67,8 @@ struct TopkKernelParams {
   // sampled floor bounded its admissions.
   std::uint32_t* slice_count;
 
-  // Cluster rows: CTAs per row (one thread-block cluster when > 1), and the sample's need and
-  // span (cluster_sample, common/topk_sample.hpp).
+  // Cluster rows: CTAs per row (one thread-block cluster when > 1), the sample's need and the
+  // digits past its best that bound the first fp32 pass (cluster_sample, common/topk_sample.hpp).
   int cluster_ctas;
   std::uint32_t cluster_sample_need;
   std::uint32_t cluster_span_past;

@@ -186,10 +186,10 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     v[q] = vm == kVecMask && aligned ? __ldg(reinterpret_cast<const uint4*>(row + col))
                                      : load_vector_prefix<kVec>(row + col, __popc(vm));
   }
-  // The same words, word-major, for the loops over a thread's candidates: a candidate's word is
-  // one conflict-free shared load at a position known only at run time, so one loop over the
-  // whole candidate mask replaces one a vector (the warp then runs as long as its busiest lane's
-  // total, not the sum of each vector's busiest lane).
+  // The same words, word-major, for the loops over a thread's candidates (and the NaN check): a
+  // candidate's word is one conflict-free shared load at a position known only at run time, so
+  // one loop over the whole candidate mask replaces one a vector (the warp then runs as long as
+  // its busiest lane's total, not the sum of each vector's busiest lane).
   constexpr int kWords = 4 * kVecs;
   std::uint32_t* const staged = smem + 2 * p.survivor_slots;
 #pragma unroll
@@ -226,13 +226,13 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   }
 
   // Histogram passes. Counts go straight to the CTA's histogram, or in a cluster to a private
-  // one whose nonzero bins are then added to every CTA's copy (see the file comment).
+  // one whose nonzero bins are then added to CTA 0's copy (see the file comment).
   int h = 0;  // the histogram the next pass uses
   auto count_digit = [&](std::uint32_t digit) {
     atomicAdd(kClustered ? &s.local[digit] : &s.hist[h][digit], 1u);
   };
   // fp32 passes also find the highest sampled digit: the first select pass spans the floor to
-  // one digit past it.
+  // one digit past it (two for small k: cluster_sample).
   constexpr bool kFindTop = Traits::kBits == 32;
   // Pools the pass's counts, finds the digit holding the need-th best (find_pivot_digit), then
   // clears the histogram for the pass after next and flips to the other one.
@@ -244,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
       // copy of the histogram is one window of the cluster's shared memory: one address
       // mapping, then offsets.
       const std::uint32_t remote = cluster_address(&s.hist[h][tid], 0);
+      static_assert(kShortBins % kThreads == 0, "whole bins a thread");
 #pragma unroll
       for (int j = 0; j < kShortBins / kThreads; ++j) {
         const std::uint32_t c = s.local[j * kThreads + tid];
@@ -287,7 +288,6 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   if constexpr (kClustered) cluster_wait();  // every CTA runs and has cleared its histograms
   // Samples above the k-th best: k / (columns per sample) expected, three deviations allowed
   // (cluster_sample, worked out on the host).
-  static_assert(kPerThread == kShortPerThread, "the columns a sample of cluster_sample");
   const std::uint32_t sample_need = p.cluster_sample_need;
   std::uint32_t floor_score = kExcludedScore;  // candidates score above it
 
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
         // the sample's best on some rows, and in the open last bin it would cost a pass more
         // (rows of 129280 normals, k=50: 1.08 passes on average against 1.53 up to the sampled
         // digit's own end and 1.50 with bins of 2^15). Where under 0.3 sampled elements are
-        // expected above the k-th best (k < 38 with a sample every 128 columns) it lies more
+        // expected above the k-th best (k <= 38 with a sample every 128 columns) it lies more
         // than a digit above the sample's best on many rows: two digits past it there (k=2-32:
         // 1.02-1.07 passes against 1.15-1.68, tools/cluster_passes.py; one fp32 row of 129280,
         // k=2-32, 18.7 -> 13.4 us on an H100). A digit of 2048 wraps to 0, whose span reaches
