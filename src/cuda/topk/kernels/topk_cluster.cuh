@@ -310,8 +310,7 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     }
     return marked;
   };
-  std::uint32_t cand = 0;
-  bool marked = false;  // cand holds the candidates of floor_score
+  std::uint32_t cand = 0;  // marked in the first select pass, and again after a restart
 
   // 3. Radix select of the k-th best candidate score over pooled histograms. A pass counts
   // the candidates in [lo, hi] by (score - lo) >> shift, the last bin also taking everything
@@ -328,10 +327,10 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   std::uint32_t kth = kExcludedScore, keep_equal = 0;  // kept: score > kth, or == kth (first keep_equal)
   int shift = kTopShift;  // without a floor: the top digits first
   constexpr std::uint32_t last = kShortBins - 1;
-  bool first = true;  // the first select pass
+  bool first = true;  // the first select pass of floor_score
   for (bool sample = true;; sample = false) {
     if (!sample) {
-      if (!marked) cand = mark_candidates(), marked = true;
+      if (first) cand = mark_candidates();
       for_each(cand, [&](std::uint32_t bits, int) {
         const std::uint32_t score = score_of<Traits>(bits, p.sp);
         if (score >= range_lo && score <= range_hi) {
@@ -368,7 +367,6 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     if (first && s.pivot.candidates < need && floor_score != kExcludedScore) {
       // The sample overestimated the row: every valid element competes.
       floor_score = kExcludedScore;
-      marked = false;
       range_lo = 1u;
       shift = kTopShift;
       continue;
