@@ -98,9 +98,8 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
         raise TypeError(f"topk: x.dtype = {dtype}; expected float32, bfloat16 or float16")
     # A data-dependent k (t.item()) has no value while the graph is traced: the check runs
     # when the graph does, with a message written now.
-    k_is = f"k = {k}" if isinstance(k, int) else "k (read from a tensor when the graph runs)"
-    torch._check_value(k >= 0, lambda: f"topk: {k_is} must be >= 0")
-    torch._check_value(k <= 2**31 - 1, lambda: f"topk: {k_is} must be <= 2^31 - 1")
+    torch._check_value(k >= 0, lambda: f"topk: {_k_is(k)} must be >= 0")
+    torch._check_value(k <= 2**31 - 1, lambda: f"topk: {_k_is(k)} must be <= 2^31 - 1")
     order = _choice("sorted", sorted, _ORDERS)
     nan_code = _choice("nan", nan, _NANS)
     ties_code = _choice("ties", ties, _TIES)
@@ -129,6 +128,16 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
                          "torch.compile and shape propagation they must be separate tensors "
                          "(torch keeps only one of two writes into views of one tensor in two "
                          "dtypes)")
+
+
+def _k_is(k) -> str:
+    """How a message names k: by its value where the trace knows one (an int, or a dynamic
+    size, which int() pins to the value this trace saw; the call fails either way), else as
+    read from a tensor (t.item(), whose value exists only when the graph runs)."""
+    try:
+        return f"k = {int(k)}"
+    except Exception:  # a data-dependent SymInt, which torch refuses to pin while tracing
+        return "k (read from a tensor when the graph runs)"
 
 
 def _storage_of(t: torch.Tensor, name: str):

@@ -760,14 +760,31 @@ def test_compile_refuses_a_tensor_value_fill_by_name():
 
 
 def test_compile_names_a_data_dependent_k_that_is_out_of_range():
-    # The value is not known when the check's message is written: it says where k comes from
-    # instead of quoting the tracer's symbol.
+    # Where the value is not known when the check's message is written, the message says where
+    # k comes from instead of quoting the tracer's symbol (torch versions that trace such a k
+    # with the example's value fail the check while tracing, and name the value).
     f = torch.compile(lambda a, kk: attnkit.topk(a, kk.item()), fullgraph=True)
     for k, rule in ((-1, "must be >= 0"), (2**31, "must be <= 2^31 - 1")):
         with pytest.raises(Exception) as info:
             f(torch.randn(4, 10), torch.tensor(k))
         message = str(info.value)
-        assert f"topk: k (read from a tensor when the graph runs) {rule}" in message, message
+        assert (f"topk: k (read from a tensor when the graph runs) {rule}" in message
+                or f"topk: k = {k} {rule}" in message), message
+
+
+@pytest.mark.parametrize("dynamic", ["declared", "automatic"])
+def test_compile_names_a_dynamic_k_that_is_out_of_range_by_its_value(dynamic):
+    # A Python int k traced as a dynamic size (dynamic=True, or torch's automatic dynamic
+    # shapes after a second value) has its value while tracing: the message quotes it.
+    f = torch.compile(lambda a, kk: attnkit.topk(a, kk, sorted="value").indices,
+                      fullgraph=True, dynamic=True if dynamic == "declared" else None)
+    x = torch.randn(4, 10)
+    for k in (3, 5):
+        assert torch.equal(f(x, k), torch.topk(x, k).indices)
+    for k, rule in ((-7, "must be >= 0"), (2**31, "must be <= 2^31 - 1")):
+        with pytest.raises(Exception) as info:
+            f(x, k)
+        assert f"topk: k = {k} {rule}" in str(info.value), str(info.value)
 
 
 @_JIT_DEPRECATED
