@@ -96,8 +96,8 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
     dtype = str(x.dtype).removeprefix("torch.")
     if dtype not in _arrays.X_DTYPES:
         raise TypeError(f"topk: x.dtype = {dtype}; expected float32, bfloat16 or float16")
-    # A data-dependent k (t.item()) has no value while the graph is traced: the check runs
-    # when the graph does, with a message written now.
+    # k may be a SymInt (a dynamic size, or t.item()): an unbacked one is checked when the
+    # graph runs; the message names k's value wherever the trace has one (_k_is).
     torch._check_value(k >= 0, lambda: f"topk: {_k_is(k)} must be >= 0")
     torch._check_value(k <= 2**31 - 1, lambda: f"topk: {_k_is(k)} must be <= 2^31 - 1")
     order = _choice("sorted", sorted, _ORDERS)
@@ -133,11 +133,14 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
 def _k_is(k) -> str:
     """How a message names k: by its value where the trace knows one (an int, or a dynamic
     size, which int() pins to the value this trace saw; the call fails either way), else as
-    read from a tensor (t.item(), whose value exists only when the graph runs)."""
-    try:
-        return f"k = {int(k)}"
-    except Exception:  # a data-dependent SymInt, which torch refuses to pin while tracing
+    read from a tensor (t.item(): an unbacked SymInt, whose value exists only when the graph
+    runs, and which is not pinned: asking for its value makes dynamo trace again with it)."""
+    if isinstance(k, int):
+        return f"k = {k}"
+    from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
+    if has_free_unbacked_symbols(k):
         return "k (read from a tensor when the graph runs)"
+    return f"k = {int(k)}"
 
 
 def _storage_of(t: torch.Tensor, name: str):
