@@ -133,8 +133,8 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
 def _k_is(k) -> str:
     """How a message names k: by its value where the trace knows one (an int, or a dynamic
     size, which int() pins to the value this trace saw; the call fails either way), else as
-    read from a tensor (t.item(): an unbacked SymInt, whose value exists only when the graph
-    runs, and which is not pinned: asking for its value makes dynamo trace again with it)."""
+    read from a tensor (an unbacked SymInt, computed in the graph, whose value exists only when
+    the graph runs and which int() cannot pin while tracing)."""
     if isinstance(k, int):
         return f"k = {k}"
     from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
