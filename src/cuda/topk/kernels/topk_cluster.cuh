@@ -7,9 +7,11 @@
 //
 //   topk_cluster_rows_kernel  one cluster per row. Thread t of CTA r holds the kPerThread
 //                             consecutive columns from lo + (r * kThreads + t) * kPerThread as
-//                             raw 16-byte vectors, so column order is (CTA, thread, element)
-//                             order, and again as words in shared memory, from which the loops
-//                             over a thread's candidates read theirs. Then:
+//                             16-byte vectors (in 256-thread CTAs XORed with the direction's
+//                             sign flip, for the packed comparisons), so column order is (CTA,
+//                             thread, element) order, and again as raw words in shared memory,
+//                             from which the loops over a thread's candidates read theirs and
+//                             the outputs their bits. Then:
 //     1. Sample. A spread sample of the row's scores (common/topk_sample.hpp) goes into an
 //        11-bit-digit histogram; the digit holding the sample's `need`-th best, `need` the
 //        expected count above the k-th plus three standard deviations, gives a floor that
@@ -194,6 +196,19 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   std::uint32_t* const staged = smem + 2 * p.survivor_slots;
 #pragma unroll
   for (int w = 0; w < kWords; ++w) staged[w * kThreads + tid] = vector_word(v[w / 4], w % 4);
+  // The registers of 256-thread CTAs keep the words XORed with the direction's sign flip,
+  // once, for the packed comparisons below (Prefilter::add_flipped_bits), which would otherwise
+  // flip every word again in each of them: fp32 rows of 129280 1.02-1.04x (but k=1024 0.97x),
+  // bf16 rows of 131072 1.01-1.02x. Those of 512-thread CTAs stay raw: flipped once, the bf16
+  // kernel measured 0.98x on 8 rows of 131072 (runs 250-251, H100).
+  constexpr bool kFlipOnce = kThreads < 512;
+  if constexpr (kFlipOnce) {
+    const std::uint32_t flip = Prefilter<Traits>::sign_flip_of(p.sp);
+#pragma unroll
+    for (int q = 0; q < kVecs; ++q) {
+      v[q] = uint4{v[q].x ^ flip, v[q].y ^ flip, v[q].z ^ flip, v[q].w ^ flip};
+    }
+  }
   clear_shared<kThreads, 2 * kShortBins>(&s.hist[0][0]);
   if (tid == 0) s.pivot.top = 0;  // read even when the sample is empty
   if constexpr (kClustered) clear_shared<kThreads, kShortBins>(s.local);
@@ -296,10 +311,16 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     std::uint32_t marked = 0;
     Prefilter<Traits> pre;
     pre.set(floor_score, p.sp);
+    if constexpr (kFlipOnce) {
 #pragma unroll
-    for (int q = 0; q < kVecs; ++q) {
-      std::uint32_t m = pre.vector_may_pass_bits(v[q]) & (valid >> (q * kVec)) & kVecMask;
-      marked |= m << (q * kVec);
+      for (int q = 0; q < kVecs; ++q) pre.add_flipped_bits(v[q], q * kVec, marked);
+      marked &= valid;
+    } else {
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q) {
+        std::uint32_t m = pre.vector_may_pass_bits(v[q]) & (valid >> (q * kVec)) & kVecMask;
+        marked |= m << (q * kVec);
+      }
     }
     if (!pre.exact) {  // the comparison flags a superset (Prefilter): test the flagged scores
       const std::uint32_t flagged = marked;
@@ -404,10 +425,19 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     gt.set(kth, p.sp);
     ge.set(keep_equal > 0 ? kth - 1u : kth, p.sp);  // kth > the floor >= 0 when ties count
     if (gt.exact && (keep_equal == 0 || ge.exact)) {
+      if constexpr (kFlipOnce) {
 #pragma unroll
-      for (int q = 0; q < kVecs; ++q) {
-        above |= gt.vector_may_pass_bits(v[q]) << (q * kVec);
-        if (keep_equal > 0) at_kth |= ge.vector_may_pass_bits(v[q]) << (q * kVec);
+        for (int q = 0; q < kVecs; ++q) gt.add_flipped_bits(v[q], q * kVec, above);
+        if (keep_equal > 0) {
+#pragma unroll
+          for (int q = 0; q < kVecs; ++q) ge.add_flipped_bits(v[q], q * kVec, at_kth);
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < kVecs; ++q) {
+          above |= gt.vector_may_pass_bits(v[q]) << (q * kVec);
+          if (keep_equal > 0) at_kth |= ge.vector_may_pass_bits(v[q]) << (q * kVec);
+        }
       }
       above &= cand;  // every element above kth (>= the floor) is a candidate
       at_kth &= cand & ~above;

@@ -177,19 +177,26 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
 /// that take the direction at run time, input words are XORed with `sign_flip` (the sign bits
 /// for largest=false, else 0) and compared with `bound`, both replicated per 16-bit lane; the
 /// `_as<kSmallest>` forms compare the words as loaded, with `<=` against `bound ^ sign_flip`
-/// for smallest. The bound is prefilter_tight_bound_bits', exact
-/// for numbers wherever it exists, so numbers equal to the threshold's value do
-/// not pass; `exact` says that the comparison is the whole admission test (NaN, which passes
-/// every bound, beats the threshold too), so callers may skip the exact scores.
+/// for smallest; add_flipped_bits compares words the caller has already XORed with
+/// `sign_flip` (the cluster kernel's 256-thread CTAs flip their registers once). The bound is
+/// prefilter_tight_bound_bits', exact for numbers wherever it exists, so numbers equal to the
+/// threshold's value do not pass; `exact` says that the comparison is the whole admission test
+/// (NaN, which passes every bound, beats the threshold too), so callers may skip the exact
+/// scores.
 template <class Traits>
 struct Prefilter {
   std::uint32_t sign_flip = 0;
   std::uint32_t bound = 0;
   bool exact = false;
 
+  /// The sign bits of every element of a word for largest=false, else 0.
+  __device__ __forceinline__ static std::uint32_t sign_flip_of(const ScoreParams& sp) {
+    return sp.flip == 0 ? 0u : Traits::kSign * (Traits::kBits == 32 ? 1u : 0x00010001u);
+  }
+
   __device__ void set(std::uint32_t threshold, const ScoreParams& sp) {
     const std::uint32_t lanes = Traits::kBits == 32 ? 1u : 0x00010001u;
-    sign_flip = sp.flip == 0 ? 0u : Traits::kSign * lanes;
+    sign_flip = sign_flip_of(sp);
     bool numbers_exact;
     const std::uint32_t b = prefilter_tight_bound_bits<Traits>(threshold, sp, numbers_exact);
     exact = numbers_exact && sp.nan_score > threshold;
@@ -227,6 +234,26 @@ struct Prefilter {
                        : word_may_pass<Traits>(words[i], b);
     }
     return pack_lane_masks(m);
+  }
+
+  /// For words already XORed with `sign_flip` (so compared as they are): ORs into `mask`, from
+  /// bit `first` on, bit j for each element j of `v` that may pass. For fp32 one comparison and
+  /// one predicated OR an element, where the compiler's select, shift and OR of each element's
+  /// bit into place took about four instructions.
+  __device__ __forceinline__ void add_flipped_bits(const uint4& v, int first,
+                                                   std::uint32_t& mask) const {
+    if constexpr (Traits::kBits == 32) {
+      const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // !(x < bound), NaN included, as word_may_pass
+        asm("{\n\t.reg .pred p;\n\tsetp.geu.f32 p, %1, %2;\n\t@p or.b32 %0, %0, %3;\n\t}"
+            : "+r"(mask)
+            : "f"(__uint_as_float(words[i])), "f"(__uint_as_float(bound)), "r"(1u << (first + i)));
+      }
+    } else {
+      mask |= vector_may_pass_bits_as<false>(v) << first;
+    }
   }
 
   /// Bit j of the result: element j's comparison (word_may_pass results of a vector's words).
