@@ -236,8 +236,9 @@ struct Prefilter {
     return pack_lane_masks(m);
   }
 
-  /// For words already XORed with `sign_flip` (so compared as they are): ORs into `mask`, from
-  /// bit `first` on, bit j for each element j of `v` that may pass. For fp32 one comparison and
+  /// For words already XORed with `sign_flip` (sign_flip_of of the ScoreParams given to set, so
+  /// compared as they are): ORs into `mask`, from bit `first` on, bit j for each element j of
+  /// `v` that may pass (vector_may_pass_bits of the unflipped words). For fp32 one comparison and
   /// one predicated OR an element, where the compiler's select, shift and OR of each element's
   /// bit into place took about four instructions.
   __device__ __forceinline__ void add_flipped_bits(const uint4& v, int first,
