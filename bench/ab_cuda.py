@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Side-by-side timing of builds of the C++ CUDA benchmark (attnkit_bench_cuda): each seed
 runs every build once on the same cases, the build that runs first rotating from seed to
 seed, so that clock ramps and the machine's drift fall on all builds alike. A change of a few
@@ -8,10 +9,12 @@ percent is then told from noise by the per-seed ratios, not by one run's means.
         --seeds 1-20 --until 300 --log ab.txt -- --reps 10 bf16:8:131072:512 f32:1:129280:50
 
 Everything after ``--`` goes to every build's command line, with ``--seed S`` added. The
-summary gives, for each case, each build's mean time over the seeds every build finished, and
-for each build after the first the geometric mean of its per-seed speed-ups over the first
-(first's us / its us: above 1 is faster), the seeds it was faster on and the range of the
-ratios. ``--summarize LOG`` prints the summary of a log this script wrote.
+summary gives, for each case, each build's mean time over the seeds every build timed it on
+(a run that fails counts for none of its rows), and for each build after the first the
+geometric mean of its per-seed speed-ups over the first (first's us / its us: above 1 is
+faster), how many seeds it was faster on and the range of the ratios. ``--summarize LOG``
+prints the summary of a log this script wrote. Exit status 1 when no case was timed by every
+build.
 """
 from __future__ import annotations
 
@@ -33,10 +36,12 @@ def parse_log(lines) -> tuple[list[str], dict]:
     builds: list[str] = []
     times: dict = defaultdict(dict)
     current = None
+    seen: dict = defaultdict(int)  # a case named twice in one run: "#2" on its second row
     for line in lines:
         m = _HEADER.match(line)
         if m:
             current = (m.group(1), int(m.group(2)))
+            seen.clear()
             if current[0] not in builds:
                 builds.append(current[0])
             continue
@@ -47,8 +52,13 @@ def parse_log(lines) -> tuple[list[str], dict]:
             us = float(f[6])
         except ValueError:
             continue
+        if not us > 0:
+            continue
         rows = {"yes": " causal", "end": " end"}.get(f[4], "")
         case = f"{f[0]} {f[1]}x{f[2]} k={f[3]}{rows}" + ("" if f[5] == "yes" else " no-values")
+        seen[case] += 1
+        if seen[case] > 1:
+            case += f" #{seen[case]}"
         times[case][current] = us
     return builds, times
 
@@ -56,16 +66,19 @@ def parse_log(lines) -> tuple[list[str], dict]:
 def summarize(builds: list[str], times: dict) -> str:
     """One line a case: mean us a build, then each later build against the first."""
     if not builds:
-        return "no benchmark output\n"
-    out = [f"{'case':30s} " + " ".join(f"{b:>10s}" for b in builds) +
+        return "no case was timed by every build on one seed\n"
+    width = max([len(c) for c in times] + [4])
+    out = [f"{'case':{width}s} " + " ".join(f"{b:>10s}" for b in builds) +
            "  (speed-up over " + builds[0] + ": geometric mean of the per-seed ratios; "
            "seeds faster / seeds; range)"]
+    dropped = []
     for case, d in times.items():
         seeds = sorted({s for (_, s) in d if all((b, s) in d for b in builds)})
         if not seeds:
+            dropped.append(case)
             continue
         means = [sum(d[(b, s)] for s in seeds) / len(seeds) for b in builds]
-        row = f"{case:30s} " + " ".join(f"{m:10.2f}" for m in means)
+        row = f"{case:{width}s} " + " ".join(f"{m:10.2f}" for m in means)
         for b in builds[1:]:
             ratios = [d[(builds[0], s)] / d[(b, s)] for s in seeds]
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
@@ -74,6 +87,8 @@ def summarize(builds: list[str], times: dict) -> str:
         out.append(row)
     if len(out) == 1:
         return "no case was timed by every build on one seed\n"
+    if dropped:
+        out.append("not timed by every build on one seed: " + ", ".join(dropped))
     return "\n".join(out) + "\n"
 
 
@@ -82,10 +97,14 @@ def seed_list(spec: str) -> list[int]:
     try:
         if "-" in spec:
             lo, hi = (int(v) for v in spec.split("-", 1))
-            return list(range(lo, hi + 1))
-        return [int(v) for v in spec.split(",")]
+            seeds = list(range(lo, hi + 1))
+        else:
+            seeds = [int(v) for v in spec.split(",")]
     except ValueError:
         raise ValueError(f"--seeds {spec!r}: expected A-B or A,B,C of integers") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {spec!r}: expected at least one seed, none twice")
+    return seeds
 
 
 def main(argv=None) -> int:
@@ -94,7 +113,10 @@ def main(argv=None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, passed = argv[:cut], argv[cut + 1:]
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap = argparse.ArgumentParser(
+        usage="%(prog)s --build NAME=PATH --build NAME=PATH [options] -- [BENCHMARK ARGS]",
+        description=" ".join(__doc__.split("\n\n")[0].split()) if __doc__ else None,
+        allow_abbrev=False)
     ap.add_argument("--build", action="append", default=[], metavar="NAME=PATH",
                     help="a benchmark binary and its name in the summary; the first is the base")
     ap.add_argument("--seeds", default="1-10", help="A-B or A,B,C (default 1-10)")
@@ -104,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--log", help="write every run's output here (for --summarize)")
     ap.add_argument("--summarize", metavar="LOG", help="print the summary of a log, run nothing")
     args = ap.parse_args(argv)
+    if "--" in passed:
+        ap.error("one -- only: what follows it goes to every benchmark run")
     if args.summarize:
         with open(args.summarize) as f:
             summary = summarize(*parse_log(f))
@@ -131,16 +155,19 @@ def main(argv=None) -> int:
             if args.until is not None and time.monotonic() - start > args.until:
                 print(f"# stopped before seed {seed} (--until {args.until:g} s)", file=sys.stderr)
                 break
+            print(f"# seed {seed}", file=sys.stderr)
             order = builds[turn % len(builds):] + builds[:turn % len(builds)]
             for name, path in order:
                 cmd = [path, *passed, "--seed", str(seed)]
                 try:
                     run = subprocess.run(cmd, capture_output=True, text=True,
                                          timeout=args.timeout)
-                    text, failed = run.stdout, run.returncode != 0
+                    failed = run.returncode != 0
                     why = run.stderr.strip() or f"exit status {run.returncode}"
                 except (OSError, subprocess.TimeoutExpired) as e:
-                    text, failed, why = "", True, str(e)
+                    failed, why = True, str(e)
+                # A failed run's rows are left out: the summary compares whole runs.
+                text = "" if failed else run.stdout
                 if failed:
                     print(f"# {name} seed {seed}: {why}", file=sys.stderr)
                 chunk = [f"## build={name} seed={seed}"] + text.splitlines()
@@ -148,6 +175,8 @@ def main(argv=None) -> int:
                 if log:
                     log.write("\n".join(chunk) + "\n")
                     log.flush()
+    except KeyboardInterrupt:
+        print("# interrupted: the summary of the runs so far", file=sys.stderr)
     finally:
         if log:
             log.close()
