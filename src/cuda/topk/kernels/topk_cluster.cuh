@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   // once, for the packed comparisons below (Prefilter::add_flipped_bits), which would otherwise
   // flip every word again in each of them: fp32 rows of 129280 1.02-1.04x (but k=1024 0.97x),
   // bf16 rows of 131072 1.01-1.02x. Those of 512-thread CTAs stay raw: with the flip, 8 bf16
-  // rows of 131072 (which take them where fewer than eight 16-CTA clusters fit; the path was
-  // not logged) measured 0.98x, and no fp32 row of them was timed (runs 250-251, H100).
+  // rows of 131072 (which take them where fewer than eight 16-CTA clusters fit, as on an H100,
+  // run 253) measured 0.98x, and no fp32 row of them was timed (runs 250-251, H100).
   constexpr bool kFlipOnce = kThreads < 512;
   if constexpr (kFlipOnce) {
     const std::uint32_t flip = Prefilter<Traits>::sign_flip_of(p.sp);
