@@ -769,6 +769,19 @@ def test_compile_names_a_k_read_from_an_input_tensor_by_its_value():
         assert f"topk: k = {k} {rule}" in str(info.value), str(info.value)
 
 
+def test_compile_names_a_k_computed_in_the_graph_that_must_be_out_of_range():
+    # A k computed from a tensor in the graph has no value while tracing, but its range may
+    # already rule it out: the message says where k comes from instead of a tracer's symbol.
+    def f(a, kk):
+        u = kk.sum().item()
+        torch._check(u >= 5)
+        return attnkit.topk(a, -u)
+    with pytest.raises(Exception) as info:
+        torch.compile(f, fullgraph=True)(torch.randn(4, 10), torch.tensor(7))
+    assert "topk: k (read from a tensor when the graph runs) must be >= 0" in str(info.value), \
+        str(info.value)
+
+
 @pytest.mark.parametrize("dynamic", ["declared", "automatic"])
 def test_compile_names_a_dynamic_k_that_is_out_of_range_by_its_value(dynamic):
     # A Python int k traced as a dynamic size (dynamic=True, or torch's automatic dynamic
