@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   for (int w = 0; w < kWords; ++w) staged[w * kThreads + tid] = vector_word(v[w / 4], w % 4);
   // The registers of 256-thread CTAs keep the words XORed with the direction's sign flip,
   // once, for the packed comparisons below (Prefilter::add_flipped_bits), which would otherwise
-  // flip every word again in each of them: fp32 rows of 129280 1.02-1.04x (but k=1024 0.97x),
-  // bf16 rows of 131072 1.01-1.02x. Those of 512-thread CTAs stay raw: with the flip, 8 bf16
+  // flip every word again in each of them: fp32 rows of 129280 1.02-1.04x, bf16 rows of
+  // 131072 1.01-1.02x (runs 250-254). Those of 512-thread CTAs stay raw: with the flip, 8 bf16
   // rows of 131072 (which take them where fewer than eight 16-CTA clusters fit, as on an H100,
   // run 253) measured 0.98x, and no fp32 row of them was timed (runs 250-251, H100).
   constexpr bool kFlipOnce = kThreads < 512;
@@ -313,8 +313,13 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     Prefilter<Traits> pre;
     pre.set(floor_score, p.sp);
     if constexpr (kFlipOnce) {
+      // The flipped words compare as a largest-first row's (no XOR). Here the select form
+      // (vector_may_pass_bits_as), where the kept masks below take add_flipped_bits: against
+      // add_flipped_bits in both, fp32 1 x 129280 k=1024 1.058x, k=50-4096 0.99x (run 254).
 #pragma unroll
-      for (int q = 0; q < kVecs; ++q) pre.add_flipped_bits(v[q], q * kVec, marked);
+      for (int q = 0; q < kVecs; ++q) {
+        marked |= pre.template vector_may_pass_bits_as<false>(v[q]) << (q * kVec);
+      }
       marked &= valid;
     } else {
 #pragma unroll
