@@ -7,11 +7,11 @@
 //
 //   topk_cluster_rows_kernel  one cluster per row. Thread t of CTA r holds the kPerThread
 //                             consecutive columns from lo + (r * kThreads + t) * kPerThread as
-//                             16-byte vectors (in 256-thread CTAs XORed with the direction's
-//                             sign flip, for the packed comparisons), so column order is (CTA,
-//                             thread, element) order, and again as raw words in shared memory,
-//                             from which the loops over a thread's candidates read theirs and
-//                             the outputs their bits. Then:
+//                             16-byte vectors (XORed with the direction's sign flip for the
+//                             packed comparisons, but in 16-bit CTAs of 512 threads), so column
+//                             order is (CTA, thread, element) order, and again as raw words in
+//                             shared memory, from which the loops over a thread's candidates
+//                             read theirs and the outputs their bits. Then:
 //     1. Sample. A spread sample of the row's scores (common/topk_sample.hpp) goes into an
 //        11-bit-digit histogram; the digit holding the sample's `need`-th best, `need` the
 //        expected count above the k-th plus three standard deviations, gives a floor that
@@ -196,13 +196,14 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   std::uint32_t* const staged = smem + 2 * p.survivor_slots;
 #pragma unroll
   for (int w = 0; w < kWords; ++w) staged[w * kThreads + tid] = vector_word(v[w / 4], w % 4);
-  // The registers of 256-thread CTAs keep the words XORed with the direction's sign flip,
-  // once, for the packed comparisons below (Prefilter::add_flipped_bits), which would otherwise
-  // flip every word again in each of them: fp32 rows of 129280 1.02-1.04x, bf16 rows of
-  // 131072 1.01-1.02x (runs 250-254). Those of 512-thread CTAs stay raw: with the flip, 8 bf16
-  // rows of 131072 (which take them where fewer than eight 16-CTA clusters fit, as on an H100,
-  // run 253) measured 0.98x, and no fp32 row of them was timed (runs 250-251, H100).
-  constexpr bool kFlipOnce = kThreads < 512;
+  // The registers of 256-thread CTAs, and of fp32 ones of 512, keep the words XORed with the
+  // direction's sign flip, once, for the packed comparisons below (Prefilter::add_flipped_bits),
+  // which would otherwise flip every word again in each of them: fp32 rows of 129280
+  // 1.02-1.04x, bf16 rows of 131072 1.01-1.02x (runs 250-254), fp32 rows of 151936-202048 on
+  // 512-thread CTAs 1.03-1.04x (run 259). 16-bit CTAs of 512 threads stay raw: with the flip,
+  // 8 bf16 rows of 131072 (which take them where fewer than eight 16-CTA clusters fit, as on an
+  // H100, run 253) measured 0.98x (runs 250-251, H100).
+  constexpr bool kFlipOnce = kThreads < 512 || Traits::kBits == 32;
   if constexpr (kFlipOnce) {
     const std::uint32_t flip = Prefilter<Traits>::sign_flip_of(p.sp);
 #pragma unroll

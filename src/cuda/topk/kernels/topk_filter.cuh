@@ -178,11 +178,11 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
 /// for largest=false, else 0) and compared with `bound`, both replicated per 16-bit lane; the
 /// `_as<kSmallest>` forms compare the words as loaded, with `<=` against `bound ^ sign_flip`
 /// for smallest; add_flipped_bits compares words the caller has already XORed with
-/// `sign_flip` (the cluster kernel's 256-thread CTAs flip their registers once). The bound is
-/// prefilter_tight_bound_bits', exact for numbers wherever it exists, so numbers equal to the
-/// threshold's value do not pass; `exact` says that the comparison is the whole admission test
-/// (NaN, which passes every bound, beats the threshold too), so callers may skip the exact
-/// scores.
+/// `sign_flip` (the cluster kernel's CTAs flip their registers once, but 16-bit ones of 512
+/// threads). The bound is prefilter_tight_bound_bits', exact for numbers wherever it exists,
+/// so numbers equal to the threshold's value do not pass; `exact` says that the comparison is
+/// the whole admission test (NaN, which passes every bound, beats the threshold too), so
+/// callers may skip the exact scores.
 template <class Traits>
 struct Prefilter {
   std::uint32_t sign_flip = 0;
