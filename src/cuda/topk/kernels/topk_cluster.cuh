@@ -8,7 +8,7 @@
 //   topk_cluster_rows_kernel  one cluster per row. Thread t of CTA r holds the kPerThread
 //                             consecutive columns from lo + (r * kThreads + t) * kPerThread as
 //                             16-byte vectors (XORed with the direction's sign flip for the
-//                             packed comparisons, but in 16-bit CTAs of 512 threads), so column
+//                             packed comparisons, except in 16-bit CTAs of 512 threads), so column
 //                             order is (CTA, thread, element) order, and again as raw words in
 //                             shared memory, from which the loops over a thread's candidates
 //                             read theirs and the outputs their bits. Then:
@@ -197,12 +197,13 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
 #pragma unroll
   for (int w = 0; w < kWords; ++w) staged[w * kThreads + tid] = vector_word(v[w / 4], w % 4);
   // The registers of 256-thread CTAs, and of fp32 ones of 512, keep the words XORed with the
-  // direction's sign flip, once, for the packed comparisons below (Prefilter::add_flipped_bits),
-  // which would otherwise flip every word again in each of them: fp32 rows of 129280
-  // 1.02-1.04x, bf16 rows of 131072 1.01-1.02x (runs 250-254), fp32 rows of 151936-202048 on
-  // 512-thread CTAs 1.03-1.04x (run 259). 16-bit CTAs of 512 threads stay raw: with the flip,
-  // 8 bf16 rows of 131072 (which take them where fewer than eight 16-CTA clusters fit, as on an
-  // H100, run 253) measured 0.98x (runs 250-251, H100).
+  // direction's sign flip, once, for the packed comparisons below (the marking's
+  // vector_may_pass_bits_as<false>, the kept masks' add_flipped_bits), which would otherwise
+  // flip every word again in each of them: fp32 rows of 129280 1.02-1.04x, bf16 rows of 131072
+  // 1.01-1.02x (runs 250-251), fp32 rows of 151936-202048 on 512-thread CTAs 1.03-1.04x (run
+  // 259). 16-bit CTAs of 512 threads stay raw: with the flip, 8 bf16 rows of 131072 (which
+  // take them where fewer than eight 16-CTA clusters fit, as on an H100, run 253) measured
+  // 0.98x (runs 250-251, H100).
   constexpr bool kFlipOnce = kThreads < 512 || Traits::kBits == 32;
   if constexpr (kFlipOnce) {
     const std::uint32_t flip = Prefilter<Traits>::sign_flip_of(p.sp);
@@ -315,8 +316,9 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     pre.set(floor_score, p.sp);
     if constexpr (kFlipOnce) {
       // The flipped words compare as a largest-first row's (no XOR). Here the select form
-      // (vector_may_pass_bits_as), where the kept masks below take add_flipped_bits: against
-      // add_flipped_bits in both, fp32 1 x 129280 k=1024 1.058x, k=50-4096 0.99x (run 254).
+      // (vector_may_pass_bits_as), while the kept masks below take add_flipped_bits: against
+      // add_flipped_bits in both, fp32 1 x 129280 k=1024 1.058x, k=50-4096 0.99x (run 254,
+      // 256-thread CTAs; the fp32 CTAs of 512 threads were timed only with this form, run 259).
 #pragma unroll
       for (int q = 0; q < kVecs; ++q) {
         marked |= pre.template vector_may_pass_bits_as<false>(v[q]) << (q * kVec);

@@ -172,17 +172,17 @@ __device__ __forceinline__ uint4 load_vector_prefix(const Bits* p, int n) {
   return uint4{words[0], words[1], words[2], words[3]};
 }
 
-/// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any
-/// element of a 16-byte vector may score above the threshold (word_may_pass). In the forms
-/// that take the direction at run time, input words are XORed with `sign_flip` (the sign bits
-/// for largest=false, else 0) and compared with `bound`, both replicated per 16-bit lane; the
-/// `_as<kSmallest>` forms compare the words as loaded, with `<=` against `bound ^ sign_flip`
-/// for smallest; add_flipped_bits compares words the caller has already XORed with
-/// `sign_flip` (the cluster kernel's CTAs flip their registers once, but 16-bit ones of 512
-/// threads). The bound is prefilter_tight_bound_bits', exact for numbers wherever it exists,
-/// so numbers equal to the threshold's value do not pass; `exact` says that the comparison is
-/// the whole admission test (NaN, which passes every bound, beats the threshold too), so
-/// callers may skip the exact scores.
+/// The prefilter of a threshold: one packed comparison per 32-bit word tells whether any element of
+/// a 16-byte vector may score above the threshold (word_may_pass). In the forms that take the
+/// direction at run time, input words are XORed with `sign_flip` (the sign bits for largest=false,
+/// else 0) and compared with `bound`, both replicated per 16-bit lane; the `_as<kSmallest>` forms
+/// compare the words as loaded, with `<=` against `bound ^ sign_flip` for smallest;
+/// add_flipped_bits compares words the caller has already XORed with `sign_flip` (the cluster
+/// kernel's CTAs flip their registers once, except 16-bit ones of 512 threads), as does
+/// `_as<false>` for either direction. The bound is prefilter_tight_bound_bits', exact for numbers
+/// wherever it exists, so numbers equal to the threshold's value do not pass; `exact` says that the
+/// comparison is the whole admission test (NaN, which passes every bound, beats the threshold too),
+/// so callers may skip the exact scores.
 template <class Traits>
 struct Prefilter {
   std::uint32_t sign_flip = 0;
@@ -222,7 +222,9 @@ struct Prefilter {
 
   /// vector_may_pass_bits for a direction known at compile time (kSmallest: sign_flip is the
   /// sign bits, else 0): the input is compared as it is, with "less or equal" against the
-  /// bound's own value for smallest, so no word is XORed.
+  /// bound's own value for smallest, so no word is XORed. `_as<false>` also takes words
+  /// already XORed with `sign_flip`, for either direction (the cluster kernel's marking, and
+  /// add_flipped_bits' 16-bit form).
   template <bool kSmallest>
   __device__ __forceinline__ std::uint32_t vector_may_pass_bits_as(const uint4& v) const {
     const std::uint32_t b = kSmallest ? bound ^ sign_flip : bound;
