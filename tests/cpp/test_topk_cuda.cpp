@@ -446,6 +446,34 @@ TEST_F(TopkCuda, SmallClusterEveryOption) {
   }
 }
 
+// fp32 rows of 128K-256K columns take clusters of 512-thread CTAs whose registers hold the
+// words flipped for the direction (topk_cluster.cuh, kFlipOnce): each length meets both
+// directions under both NaN policies that return, on rows of specials, NaN, -inf, ties and
+// sample bait.
+TEST_F(TopkCuda, SmallFloat32WideClusterDirections) {
+  const std::int64_t lengths[] = {131073, 151936, 202048, 262144};
+  const std::int64_t ks[] = {2, 50, 1024, 4096};
+  const Dist dists[] = {Dist::kSpecials,   Dist::kMostlyNan, Dist::kMostlyNegInf,
+                        Dist::kSampleBait, Dist::kTies,      Dist::kRawBits,
+                        Dist::kNormal,     Dist::kDescending};
+  std::uint64_t seed = 9100;
+  for (int variant = 0; variant < 16; ++variant) {
+    Case c;
+    c.dtype = DType::kFloat32;
+    c.n = lengths[variant % 4];
+    c.k = ks[(variant / 4 + variant) % 4];
+    c.largest = (variant + variant / 4) % 2 == 0;
+    c.nan = variant < 8 ? attnkit::NanPolicy::kLargest : attnkit::NanPolicy::kIgnore;
+    c.dist = dists[variant % 8];
+    c.batch = 1 + variant % 3;
+    c.order = variant % 5 == 0 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
+    c.ragged = variant % 4 == 3;
+    c.misalign = variant % 3;
+    c.seed = seed++;
+    check_case(c);
+  }
+}
+
 // Batches of 8-15 16-bit rows of 64K-128K columns take clusters of 8 512-thread CTAs on an
 // H200 (dispatch.cu, wide_batch_clusters; elsewhere whatever fits): rows that end inside any
 // CTA, and rows whose planted best values sit where either layout samples.
