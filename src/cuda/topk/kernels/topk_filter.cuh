@@ -189,18 +189,20 @@ struct Prefilter {
   std::uint32_t bound = 0;
   bool exact = false;
 
+  /// Times an element's bits: them in every element of a word (one fp32, two 16-bit).
+  static constexpr std::uint32_t kLanes = Traits::kBits == 32 ? 1u : 0x00010001u;
+
   /// The sign bits of every element of a word for largest=false, else 0.
   __device__ __forceinline__ static std::uint32_t sign_flip_of(const ScoreParams& sp) {
-    return sp.flip == 0 ? 0u : Traits::kSign * (Traits::kBits == 32 ? 1u : 0x00010001u);
+    return sp.flip == 0 ? 0u : Traits::kSign * kLanes;
   }
 
   __device__ void set(std::uint32_t threshold, const ScoreParams& sp) {
-    const std::uint32_t lanes = Traits::kBits == 32 ? 1u : 0x00010001u;
     sign_flip = sign_flip_of(sp);
     bool numbers_exact;
     const std::uint32_t b = prefilter_tight_bound_bits<Traits>(threshold, sp, numbers_exact);
     exact = numbers_exact && sp.nan_score > threshold;
-    bound = ((b ^ (sp.flip == 0 ? 0u : Traits::kSign)) & Traits::kMask) * lanes;
+    bound = ((b ^ (sp.flip == 0 ? 0u : Traits::kSign)) & Traits::kMask) * kLanes;
   }
 
   /// Whether some element of a 16-byte vector may beat the threshold.
