@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 
 _HEADER = re.compile(r"## build=(\S+) seed=(\d+)")
+_NOTHING_TIMED = "no case was timed by every build on one seed\n"
 
 
 def parse_log(lines) -> tuple[list[str], dict]:
@@ -66,7 +67,7 @@ def parse_log(lines) -> tuple[list[str], dict]:
 def summarize(builds: list[str], times: dict) -> str:
     """One line a case: mean us a build, then each later build against the first."""
     if not builds:
-        return "no case was timed by every build on one seed\n"
+        return _NOTHING_TIMED
     width = max([len(c) for c in times] + [4])
     out = [f"{'case':{width}s} " + " ".join(f"{b:>10s}" for b in builds) +
            "  (speed-up over " + builds[0] + ": geometric mean of the per-seed ratios; "
@@ -86,10 +87,18 @@ def summarize(builds: list[str], times: dict) -> str:
             row += f"  {b}: {geo:.3f} {wins}/{len(seeds)} {min(ratios):.3f}-{max(ratios):.3f}"
         out.append(row)
     if len(out) == 1:
-        return "no case was timed by every build on one seed\n"
+        return _NOTHING_TIMED
     if dropped:
         out.append("not timed by every build on one seed: " + ", ".join(dropped))
     return "\n".join(out) + "\n"
+
+
+def report(lines) -> int:
+    """Writes the summary of a log's lines to stdout; the exit status, 1 when no case was timed
+    by every build."""
+    summary = summarize(*parse_log(lines))
+    sys.stdout.write(summary)
+    return 1 if summary == _NOTHING_TIMED else 0
 
 
 def seed_list(spec: str) -> list[int]:
@@ -130,9 +139,7 @@ def main(argv=None) -> int:
         ap.error("one -- only: what follows it goes to every benchmark run")
     if args.summarize:
         with open(args.summarize) as f:
-            summary = summarize(*parse_log(f))
-        sys.stdout.write(summary)
-        return 1 if summary.startswith("no ") else 0
+            return report(f)
     builds = []
     for spec in args.build:
         name, sep, path = spec.partition("=")
@@ -180,9 +187,7 @@ def main(argv=None) -> int:
     finally:
         if log:
             log.close()
-    summary = summarize(*parse_log(log_lines))
-    sys.stdout.write(summary)
-    return 1 if summary.startswith("no ") else 0
+    return report(log_lines)
 
 
 if __name__ == "__main__":
