@@ -474,9 +474,10 @@ TEST_F(TopkCuda, SmallFloat32WideClusterDirections) {
   }
 }
 
-// Batches of 8-15 16-bit rows of 64K-128K columns take clusters of 8 512-thread CTAs on an
+// Batches of 8-15 rows of 64K-128K columns take clusters of 8 512-thread CTAs on an H100 or
 // H200 (dispatch.cu, wide_batch_clusters; elsewhere whatever fits): rows that end inside any
-// CTA, and rows whose planted best values sit where either layout samples.
+// CTA, and rows whose planted best values sit where either layout samples; fp32 rows in both
+// directions under both NaN policies that return, as the flipped registers must order them.
 TEST_F(TopkCuda, SmallClusterWideBatches) {
   const attnkit::TopkOrder orders[] = {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kIndex,
                                        attnkit::TopkOrder::kValue};
@@ -492,6 +493,24 @@ TEST_F(TopkCuda, SmallClusterWideBatches) {
     c.order = orders[(variant + 1) % 3];
     c.dist = dists[variant % 4];
     c.ragged = variant % 2 == 1;
+    c.seed = seed++;
+    check_case(c);
+  }
+  const Dist f32_dists[] = {Dist::kSpecials, Dist::kMostlyNan, Dist::kSampleBait, Dist::kTies,
+                            Dist::kRawBits,  Dist::kNormal};
+  const std::int64_t f32_ks[] = {2, 50, 1024, 4096};
+  for (int variant = 0; variant < 6; ++variant) {
+    Case c;
+    c.dtype = DType::kFloat32;
+    c.batch = 8 + (variant * 3) % 8;  // 8, 11, 14, 9, 12, 15
+    c.n = variant % 2 == 0 ? 129280 : 65537 + 13000 * variant;
+    c.k = f32_ks[variant % 4];
+    c.largest = variant % 3 != 1;
+    c.nan = variant < 3 ? attnkit::NanPolicy::kLargest : attnkit::NanPolicy::kIgnore;
+    c.order = orders[variant % 3];
+    c.dist = f32_dists[variant];
+    c.ragged = variant % 3 == 2;
+    c.misalign = variant % 2;
     c.seed = seed++;
     check_case(c);
   }

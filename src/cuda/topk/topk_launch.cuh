@@ -84,7 +84,7 @@ constexpr std::int64_t kArgmaxMinSlice = 4096;
 // Rows in registers, 32 elements a thread: 8192 a CTA in the short-row kernel and in the
 // cluster kernel, which takes up to kMaxClusterCtas CTAs a row on sm_90, and 16384 a CTA (512
 // threads) for rows beyond kMaxClusterCtas * 8192 columns and for some batches of shorter
-// 16-bit rows (dispatch.cu, wide_batch_clusters).
+// rows (dispatch.cu, wide_batch_clusters).
 using detail::kClusterMaxLen;
 using detail::kShortMaxLen;
 using detail::kShortPerThread;
