@@ -7,6 +7,7 @@ import math
 import numbers
 import operator
 import struct
+import threading
 from fractions import Fraction
 from typing import Any, NamedTuple, Optional, Union
 
@@ -29,6 +30,28 @@ _NANS = {"largest": 0, "ignore": 1, "raise": 2}
 _TIES = {"lowest_index": 0, "any": 1}
 _BACKENDS = {"auto": 0, "reference": 1}
 _CHECKS = {None: 0, True: 1, False: 2}
+
+
+class _KernelDepth(threading.local):
+    depth = 0
+
+
+# How deep this thread is in the registered op's own CPU and CUDA kernels (attnkit.torch). They
+# call topk on the real tensors the dispatcher hands them, and that call must run here:
+# torch.compiler.is_compiling() reads a process-wide flag (set by torch.export, and from torch
+# 2.15 on by dynamo while any thread compiles), which would send it back to the op, and the op
+# to its kernel, without end.
+_OP_KERNEL = _KernelDepth()
+
+
+def _kernel_topk(*args: Any, **kwargs: Any) -> TopkResult:
+    """topk as the registered op's kernels call it: eagerly, on the tensors given."""
+    state = _OP_KERNEL
+    state.depth += 1
+    try:
+        return topk(*args, **kwargs)
+    finally:
+        state.depth -= 1
 
 
 _MAX_EXTENT = 2**31 - 1
@@ -243,12 +266,14 @@ def topk(
     Raises
     ------
     ValueError
-        Bad shapes, nested tensors, tensors on the meta device, tensors without storage of
-        their own, k outside [0, 2^31 - 1], out-of-range ``begin``/``end``/``index_offset``
-        (when checked), overlapping or mis-shaped output buffers, a NaN with
-        ``nan="raise"``, unknown options, ``out_values`` given with ``return_values=False``,
-        ``backend="reference"`` with an ``x`` that requires grad or inside torch.compile,
-        tracing, a dispatch mode or vmap.
+        Bad shapes, nested tensors, tensors on the meta device beside an ``x`` that is not
+        (a meta ``x`` gets meta results of the right shapes and dtypes, as torch's ops give,
+        and takes meta tensors only), tensors without storage of their own, k outside
+        [0, 2^31 - 1], out-of-range ``begin``/``end``/``index_offset`` (when checked),
+        overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options,
+        ``out_values`` given with ``return_values=False``, ``backend="reference"`` with an
+        ``x`` that requires grad or on the meta device, or inside torch.compile, tracing, a
+        dispatch mode or vmap.
     TypeError
         Unsupported dtypes (NumPy ones not in the machine's byte order among them); non-integer
         ``k``/``index_fill``, non-bool ``largest``/``return_values``, a non-real
@@ -345,7 +370,8 @@ def topk(
         except TypeError:
             pass
         if index_name not in ("int32", "int64"):
-            raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64")
+            raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64"
+                            + _platform_code_note(indices_dtype))
         if narrow and index_name == "int64":
             raise ValueError("topk: indices_dtype = int64, but x is a JAX array and "
                              "jax_enable_x64 is off, so jax.numpy would narrow the indices to "
@@ -402,7 +428,8 @@ def topk(
             raise ValueError(f"topk: backend = {backend!r} is for eager calls; under "
                              "torch.compile, tracing, a dispatch mode or vmap use "
                              "backend='auto'")
-        if needs_grad or recorded:
+        # A meta x (no data) takes the op's shape propagation, as torch's own ops do.
+        if needs_grad or recorded or (x.device.type == "meta" and backend == "auto"):
             from . import torch as _torch_ops
 
             _refuse_func_differentiation(torch)
@@ -505,11 +532,27 @@ def topk(
     return tuple.__new__(TopkResult, (values, indices))
 
 
+def _platform_code_note(dtype: Any) -> str:
+    """For a string that NumPy reads as int32 or int64 but attnkit does not take, a NumPy code
+    or name whose size depends on the platform ("l", "int_", "long"), why it was refused; for
+    anything else ""."""
+    try:
+        meant = isinstance(dtype, str) and np.dtype(dtype) in (np.int32, np.int64)
+    except TypeError:
+        meant = False
+    if not meant:
+        return ""
+    return (" (a code whose size depends on the platform is refused: spell it 'int32', "
+            "'int64', 'i4' or 'i8')")
+
+
 def _recorded(torch: Any) -> bool:
     """Whether torch is recording or transforming this call rather than running it: inside
     torch.compile, torch.jit.trace, a dispatch mode (make_fx, FakeTensorMode, FlopCounterMode)
     or a torch.func transform (vmap, grad). Such calls must go through the dispatcher's op: the
     eager path writes through raw pointers, which none of them can see."""
+    if _OP_KERNEL.depth:
+        return False
     # torch._C._is_tracing() is what torch.jit.is_tracing() returns outside TorchScript.
     C = torch._C
     return (torch.compiler.is_compiling() or C._is_tracing()

@@ -31,7 +31,7 @@ import torch
 
 from . import _arrays, _ext
 from .topk import _CHECKS, _NANS, _ORDERS, _TIES, _choice
-from .topk import topk as _eager_topk
+from .topk import _kernel_topk
 
 _LIB = torch.library.Library("attnkit", "DEF")
 
@@ -57,7 +57,7 @@ def _out_shape(x: torch.Tensor, k: int) -> tuple:
 def _topk_impl(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
                return_values=True, index_offset=None, index_fill=-1, value_fill=None,
                nan="largest", ties="lowest_index", check=None):
-    values, indices = _eager_topk(
+    values, indices = _kernel_topk(
         x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         indices_dtype=indices_dtype or torch.int64, return_values=return_values,
         index_offset=index_offset, index_fill=index_fill, value_fill=value_fill, nan=nan,
@@ -188,7 +188,7 @@ def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_
 
 def _topk_out_impl(x, k, largest, sorted, begin, end, index_offset, index_fill, value_fill, nan,
                    ties, check, out_values, out_indices):
-    _eager_topk(
+    _kernel_topk(
         x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         return_values=out_values is not None, out_values=out_values, out_indices=out_indices,
         index_offset=index_offset, index_fill=index_fill, value_fill=value_fill, nan=nan,

@@ -256,6 +256,8 @@ CASES = [
     Bad("check_unknown", _wrong("c", check="yes"), ValueError, ("check", "'yes'")),
     Bad("indices_dtype_int16", _wrong("d", indices_dtype="int16"), TypeError,
         ("indices_dtype", "int16"), add_outputs=False),
+    Bad("indices_dtype_platform_code", _wrong("d", indices_dtype="l"), TypeError,
+        ("indices_dtype = 'l'", "depends on the platform", "'i8'"), add_outputs=False),
     Bad("indices_dtype_float32", _wrong("d", indices_dtype=np.float32), TypeError,
         ("indices_dtype", "float32"), add_outputs=False),
     Bad("indices_dtype_unknown_name", _wrong("d", indices_dtype="long"), TypeError,

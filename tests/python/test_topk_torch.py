@@ -361,6 +361,47 @@ def test_traced_and_transformed_calls_record_the_op():
     assert torch.equal(batched, want.values)
 
 
+@pytest.mark.parametrize("route", ["plain", "grad", "buffers"])
+def test_eager_calls_run_while_another_thread_compiles(monkeypatch, route):
+    # torch.compiler.is_compiling() reads a process-wide flag that torch.export (and from torch
+    # 2.15 on, dynamo) holds while any thread compiles. An eager call that sees it goes through
+    # the op, whose kernel must then run the call rather than send it back to the op.
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert torch.compiler.is_compiling()
+    x = torch_rows("normal@1", (4, 100), "float32", rng_for("compiling_flag", route))
+    want = torch.topk(x, 5)
+    if route == "buffers":
+        ov = torch.full((4, 8), -7.0)[:, :5]
+        oi = torch.full((4, 5), -7, dtype=torch.int64)
+        v, i = attnkit.topk(x, 5, sorted="value", out_values=ov, out_indices=oi)
+        assert v is ov and i is oi
+    else:
+        v, i = attnkit.topk(x.requires_grad_(route == "grad"), 5, sorted="value")
+    assert torch.equal(v.detach(), want.values) and torch.equal(i, want.indices)
+    if route == "grad":
+        v.sum().backward()
+        assert torch.equal(x.grad, torch.zeros_like(x).scatter_(1, want.indices, 1.0))
+
+
+def test_meta_x_gets_meta_results():
+    # Shape propagation, as torch.topk gives it on the meta device; the eager checks still name
+    # what a meta x cannot take.
+    x = torch.empty(3, 10, dtype=torch.bfloat16, device="meta")
+    v, i = attnkit.topk(x, 12)
+    assert (v.device.type, v.shape, v.dtype) == ("meta", (3, 12), torch.bfloat16)
+    assert (i.device.type, i.shape, i.dtype) == ("meta", (3, 12), torch.int64)
+    v, i = attnkit.topk(x, 4, return_values=False, indices_dtype="int32")
+    assert v is None and (i.device.type, i.shape, i.dtype) == ("meta", (3, 4), torch.int32)
+    oi = torch.empty(3, 4, dtype=torch.int64, device="meta")
+    assert attnkit.topk(x, 4, out_indices=oi).indices is oi
+    with pytest.raises(ValueError, match="end is on device cpu while x is on meta"):
+        attnkit.topk(x, 4, end=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="x is on device meta"):
+        attnkit.topk(x, 4, backend="reference")
+    with pytest.raises(ValueError, match="k = -1"):
+        attnkit.topk(x, -1)
+
+
 @pytest.mark.parametrize("route", ["compile", "make_fx", "vmap"])
 def test_reference_backend_is_refused_where_the_op_is_recorded(route):
     # The registered op picks its backend by device; a recorded call asking for another one
