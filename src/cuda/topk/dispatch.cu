@@ -116,7 +116,8 @@ int cluster_limit(const TopkProblem& p, int threads) {
 /// H200 holds seven, run 89: B=7 x 128K bf16 k=512 11.26 us, B=8 12.29, the eighth cluster
 /// sharing SMs with another) but the 8-CTA ones do (fifteen), the wider CTAs measured 1.02-1.18x
 /// faster (run 91: B=8 12.45 -> 11.84 us, B=15 14.72 -> 12.45). Where both fit, the narrow ones
-/// win (run 90, B=1: 10.98 against 11.71 us). fp32 rows gained once the 512-thread CTAs flipped
+/// win (run 90, B=1: 10.98 against 11.71 us; fp32 B=1-4 run 265, H100: the wide ones 0.79-0.95x,
+/// 1 x 129280 k=50 12.51 against 13.65). fp32 rows gained once the 512-thread CTAs flipped
 /// their registers once (run 262, H100: 8 x 129280 k=50 1.01x, k=1024 1.09x, k=4096 1.14x,
 /// 12 x 129280 k=50 1.03x, 15 x 129280 k=1024 1.50x, 8 x 100000 k=512 1.05x).
 bool wide_batch_clusters(const TopkProblem& p) {
