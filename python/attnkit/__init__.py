@@ -31,9 +31,10 @@ _MAX_THREADS = 4096  # the CPU pool's largest size (src/core/thread_pool.cpp)
 
 
 def set_num_threads(n: int) -> None:
-    """Resizes the CPU thread pool; ``1 <= n <= 4096``. Raises ValueError otherwise, and when
-    the system starts fewer threads (a process or memory limit: the pool then runs those,
-    which ``num_threads()`` reports); TypeError for a non-integer."""
+    """Resizes the CPU thread pool; ``1 <= n <= 4096``, more than the machine's cores allowed
+    (as ``torch.set_num_threads`` allows it; the threads then share the cores). Raises
+    ValueError otherwise, and when the system starts fewer threads (a process or memory limit:
+    the pool then runs those, which ``num_threads()`` reports); TypeError for a non-integer."""
     if isinstance(n, bool):
         raise TypeError(f"set_num_threads: n = {n!r}; expected an integer")
     try:
