@@ -37,10 +37,11 @@ class _KernelDepth(threading.local):
 
 
 # How deep this thread is in the registered op's own CPU and CUDA kernels (attnkit.torch). They
-# call topk on the real tensors the dispatcher hands them, and that call must run here:
-# torch.compiler.is_compiling() reads a process-wide flag (set by torch.export, and from torch
-# 2.15 on by dynamo while any thread compiles), which would send it back to the op, and the op
-# to its kernel, without end.
+# call topk on the real tensors the dispatcher hands them, and that call must run here, never
+# back through the op, whatever torch's tracing state reads: a call sent back would reach the
+# kernel again without end (as it did while _recorded read torch.compiler.is_compiling(), a
+# process-wide flag that torch.export and, from torch 2.15 on, dynamo hold while any thread
+# compiles).
 _OP_KERNEL = _KernelDepth()
 
 
@@ -52,6 +53,16 @@ def _kernel_topk(*args: Any, **kwargs: Any) -> TopkResult:
         return topk(*args, **kwargs)
     finally:
         state.depth -= 1
+
+
+def _dynamo_tracing(torch: Any) -> bool:
+    """Whether dynamo is tracing this code (torch.compile, strict torch.export): dynamo answers
+    torch.compiler.is_dynamo_compiling() itself, in the trace, for this call alone, where
+    torch.compiler.is_compiling() reads a process-wide flag that another thread's compile may
+    hold. Non-strict torch.export runs this code on fake tensors under a dispatch mode, which
+    _recorded tells."""
+    asked = getattr(torch.compiler, "is_dynamo_compiling", None)  # torch >= 2.3
+    return asked() if asked is not None else torch.compiler.is_compiling()
 
 
 _MAX_EXTENT = 2**31 - 1
@@ -83,7 +94,7 @@ def _within_int64(k: int, torch_module: Any) -> bool:
     SymInt, which the tracer also reports as an int) lies within int64 by construction, but its
     value is known only when the graph runs: there the comparison is asked without a guard,
     which such a k cannot take, and holds. A constant k is compared as it is."""
-    if torch_module is not None and torch_module.compiler.is_compiling():
+    if torch_module is not None and _dynamo_tracing(torch_module):
         from torch.fx.experimental import symbolic_shapes
         holds = getattr(symbolic_shapes, "guard_or_true", None)  # torch >= 2.7
         if holds is not None:
@@ -94,13 +105,14 @@ def _within_int64(k: int, torch_module: Any) -> bool:
 def _number_of_0d(value: Any, torch_module: Any) -> Any:
     """The number a 0-d NumPy array or scalar (of integers, floats or ml_dtypes' formats such
     as bfloat16, not bool) or 0-d torch tensor holds; any other value as it is. A tensor is
-    refused while torch.compile traces: the op's schema takes the fills as numbers, which a
-    tensor's value is not until the graph runs."""
+    refused while torch.compile or torch.export traces (a fake tensor's value is not known):
+    the op's schema takes the fills as numbers, which a tensor's value is not until the graph
+    runs."""
     if isinstance(value, (np.ndarray, np.generic)):
         real = value.dtype.kind in "iuf" or value.dtype.type.__module__ == "ml_dtypes"
         return value.item() if value.ndim == 0 and real else value
     if torch_module is not None and isinstance(value, torch_module.Tensor):
-        if torch_module.compiler.is_compiling():
+        if _dynamo_tracing(torch_module) or _fake(value):
             raise TypeError("topk: value_fill is a tensor; under torch.compile the fills are "
                             "Python numbers (a tensor's value is known only when the graph runs)")
         real = value.dtype != torch_module.bool and not value.is_complex()
@@ -326,7 +338,7 @@ def topk(
     plain = type(k) is int
     if not (plain and _within_int64(k, torch_module)) and (plain or not (
             isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
-            and torch_module.compiler.is_compiling())):
+            and _dynamo_tracing(torch_module))):
         k = _integer("k", k, "must be in [0, 2^31 - 1]")
     index_fill = _integer("index_fill", index_fill, "does not fit the int64 indices")
     if not isinstance(largest, (bool, np.bool_)):
@@ -397,7 +409,7 @@ def topk(
                 f"topk: {name} requires grad; caller buffers are written without autograd "
                 "(torch.topk(..., out=...) refuses them too): pass one that does not "
                 "require grad, or call under torch.no_grad()")
-        if (not torch.compiler.is_compiling() and out.is_inference()
+        if (not _dynamo_tracing(torch) and out.is_inference()
                 and not torch.is_inference_mode_enabled()):
             raise RuntimeError(
                 f"topk: {name} is an inference tensor, which torch lets no one write outside "
@@ -546,6 +558,13 @@ def _platform_code_note(dtype: Any) -> str:
             "'int64', 'i4' or 'i8')")
 
 
+def _fake(t: Any) -> bool:
+    """Whether torch tensor t has no data to read (a fake tensor of torch.export or make_fx)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
 def _recorded(torch: Any) -> bool:
     """Whether torch is recording or transforming this call rather than running it: inside
     torch.compile, torch.jit.trace, a dispatch mode (make_fx, FakeTensorMode, FlopCounterMode)
@@ -555,7 +574,7 @@ def _recorded(torch: Any) -> bool:
         return False
     # torch._C._is_tracing() is what torch.jit.is_tracing() returns outside TorchScript.
     C = torch._C
-    return (torch.compiler.is_compiling() or C._is_tracing()
+    return (_dynamo_tracing(torch) or C._is_tracing()
             or C._len_torch_dispatch_stack() > 0
             or C._functorch.peek_interpreter_stack() is not None)
 
@@ -563,7 +582,7 @@ def _recorded(torch: Any) -> bool:
 def _func_transforms(torch: Any) -> tuple:
     """The torch.func transforms (TransformType keys) this call runs under; none inside
     torch.compile, whose dynamo traces neither the stack nor hashes of its keys."""
-    if torch.compiler.is_compiling():
+    if _dynamo_tracing(torch):
         return ()
     return tuple(i.key() for i in torch._C._functorch.get_interpreter_stack() or ())
 

@@ -31,7 +31,7 @@ import torch
 
 from . import _arrays, _ext
 from .topk import _CHECKS, _NANS, _ORDERS, _TIES, _choice
-from .topk import _kernel_topk
+from .topk import _dynamo_tracing, _kernel_topk
 
 _LIB = torch.library.Library("attnkit", "DEF")
 
@@ -320,7 +320,7 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
     # between forward and backward, which torch's version counters cannot see, must not move
     # the gradient. Lists and other non-arrays are refused as on the eager path.
     # Dynamo traces NumPy arrays as tensors already and reads none of their attributes.
-    compiling = torch.compiler.is_compiling()
+    compiling = _dynamo_tracing(torch)
     for name, v in (("begin", begin), ("end", end), ("index_offset", index_offset)):
         # Lists and tuples are refused while compiling too, as the eager call refuses them.
         if v is not None and (not compiling or isinstance(v, (list, tuple))):

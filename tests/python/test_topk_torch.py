@@ -361,16 +361,21 @@ def test_traced_and_transformed_calls_record_the_op():
     assert torch.equal(batched, want.values)
 
 
-@pytest.mark.parametrize("route", ["plain", "grad", "buffers"])
+@pytest.mark.parametrize("route", ["plain", "grad", "buffers", "tensor_fill"])
 def test_eager_calls_run_while_another_thread_compiles(monkeypatch, route):
     # torch.compiler.is_compiling() reads a process-wide flag that torch.export (and from torch
-    # 2.15 on, dynamo) holds while any thread compiles. An eager call that sees it goes through
-    # the op, whose kernel must then run the call rather than send it back to the op.
+    # 2.15 on, dynamo) holds while any thread compiles: an eager call in another thread runs as
+    # it would without it (a call taken for a traced one went through the op, whose kernel sent
+    # it back to the op without end).
     monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
     assert torch.compiler.is_compiling()
     x = torch_rows("normal@1", (4, 100), "float32", rng_for("compiling_flag", route))
     want = torch.topk(x, 5)
-    if route == "buffers":
+    if route == "tensor_fill":
+        v, i = attnkit.topk(x, 102, sorted="value", value_fill=torch.tensor(-2.5))
+        assert (v[:, 100:] == -2.5).all() and (i[:, 100:] == -1).all()
+        v, i = v[:, :5], i[:, :5]
+    elif route == "buffers":
         ov = torch.full((4, 8), -7.0)[:, :5]
         oi = torch.full((4, 5), -7, dtype=torch.int64)
         v, i = attnkit.topk(x, 5, sorted="value", out_values=ov, out_indices=oi)
@@ -381,6 +386,31 @@ def test_eager_calls_run_while_another_thread_compiles(monkeypatch, route):
     if route == "grad":
         v.sum().backward()
         assert torch.equal(x.grad, torch.zeros_like(x).scatter_(1, want.indices, 1.0))
+
+
+class _TopkModule(torch.nn.Module):
+    def forward(self, x, fill=None):
+        return attnkit.topk(x, 3, sorted="value", value_fill=fill)
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=lambda b: f"strict={b}")
+def test_export_records_the_op(strict):
+    # Strict export traces with dynamo, non-strict runs the module on fake tensors: either way
+    # the program holds attnkit's op, which runs on other inputs of the same shape.
+    x = torch_rows("normal@1", (4, 20), "float32", rng_for("export", strict, 1))
+    y = torch_rows("normal@1", (4, 20), "float32", rng_for("export", strict, 2))
+    program = torch.export.export(_TopkModule(), (x,), strict=strict)
+    assert "attnkit.topk" in str(program.graph)
+    got, want = program.module()(y), torch.topk(y, 3)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=lambda b: f"strict={b}")
+def test_export_refuses_a_tensor_value_fill_by_name(strict):
+    x = torch.randn(4, 20)
+    with pytest.raises(Exception) as info:
+        torch.export.export(_TopkModule(), (x, torch.tensor(-2.5)), strict=strict)
+    assert "topk: value_fill is a tensor" in str(info.value)
 
 
 def test_meta_x_gets_meta_results():
