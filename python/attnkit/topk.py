@@ -80,6 +80,8 @@ def _integer(name: str, value: Any, rule: str) -> int:
     if (isinstance(value, (bool, np.bool_)) or dtype in ("bool", "torch.bool")
             or getattr(value, "ndim", 0) != 0):
         raise TypeError(f"topk: {name} = {value!r}; expected an integer")
+    if dtype.startswith("torch."):
+        _check_tensor_number(name, value)
     try:
         value = operator.index(value)
     except TypeError:
@@ -87,6 +89,24 @@ def _integer(name: str, value: Any, rule: str) -> int:
     if not -2**63 <= value < 2**63:
         raise ValueError(f"topk: {name} = {value} {rule}")
     return value
+
+
+def _check_tensor_number(name: str, t: Any) -> None:
+    """A 0-d tensor given for a number (k, index_fill, value_fill) outside dynamo: refused by
+    name where it holds no value to read (the meta device, or a fake tensor of torch.export or
+    make_fx), and read with torch.jit.trace's warning under it, as torch's own conversions warn:
+    the trace keeps the value it read."""
+    import torch
+
+    if t.device.type == "meta" or _fake(t):
+        raise TypeError(f"topk: {name} is a tensor without a value to read (on the meta device, "
+                        f"or traced); pass a Python number")
+    if torch._C._is_tracing():
+        import warnings
+
+        warnings.warn(f"topk: {name} is a tensor; torch.jit.trace records the value it holds "
+                      f"now as a constant, so the trace ignores the {name} of later calls",
+                      torch.jit.TracerWarning, stacklevel=4)
 
 
 def _within_int64(k: int, torch_module: Any) -> bool:
@@ -115,6 +135,7 @@ def _number_of_0d(value: Any, torch_module: Any) -> Any:
         if _dynamo_tracing(torch_module) or _fake(value):
             raise TypeError("topk: value_fill is a tensor; under torch.compile the fills are "
                             "Python numbers (a tensor's value is known only when the graph runs)")
+        _check_tensor_number("value_fill", value)
         real = value.dtype != torch_module.bool and not value.is_complex()
         return value.item() if value.ndim == 0 and real else value
     return value
@@ -335,10 +356,12 @@ def topk(
     # which checks it without the guard that operator.index would ask for. An int within int64
     # is what _integer would return; one beyond is refused here, compiling or not, since the
     # op's schema takes 64 bits.
+    # So is a symbolic k of make_fx or non-strict torch.export (a size, or t.item()).
     plain = type(k) is int
-    if not (plain and _within_int64(k, torch_module)) and (plain or not (
-            isinstance(k, int) and not isinstance(k, bool) and torch_module is not None
-            and _dynamo_tracing(torch_module))):
+    traced_k = torch_module is not None and (
+        isinstance(k, torch_module.SymInt)
+        or (isinstance(k, int) and not isinstance(k, bool) and _dynamo_tracing(torch_module)))
+    if not (plain and _within_int64(k, torch_module)) and (plain or not traced_k):
         k = _integer("k", k, "must be in [0, 2^31 - 1]")
     index_fill = _integer("index_fill", index_fill, "does not fit the int64 indices")
     if not isinstance(largest, (bool, np.bool_)):
@@ -464,6 +487,8 @@ def topk(
                             f"tracing, a dispatch mode or a torch.func transform, but x is a "
                             f"{type(x).__name__}; pass x as a torch tensor there")
 
+    if torch_module is not None and isinstance(k, torch_module.SymInt):  # not recorded: its value
+        k = _integer("k", k, "must be in [0, 2^31 - 1]")
     # torch views with the negative or conjugate bit set (x.conj().imag, torch._neg_view) hold
     # their values in memory with the sign not yet applied, and bare DLPack producers have no
     # shape or dtype to read: both are read through arrays made for the call (held until it ends).

@@ -105,6 +105,9 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
     ties_code = _choice("ties", ties, _TIES)
     if indices_dtype not in (None, torch.int32, torch.int64):
         raise TypeError(f"topk: indices_dtype = {indices_dtype}; expected int32 or int64")
+    if indices_dtype == torch.int32 and not -2**31 <= index_fill < 2**31:
+        # The op's checks see the indices' dtype in out_indices only (topk_workspace_size).
+        raise ValueError(f"topk: index_fill = {index_fill} does not fit the int32 indices")
     tensors = {"x": x, "out_indices": out_indices, "out_values": out_values, "begin": begin,
                "end": end, "index_offset": index_offset}
     storages = {name: _storage_of(t, name) for name, t in tensors.items() if t is not None}
@@ -210,6 +213,7 @@ def _setup_context(ctx, inputs, output):
     ctx.k = k
     ctx.x_shape = x.shape
     ctx.nan_ignored = inputs[11] == "ignore"
+    ctx.return_values = inputs[7]
     ctx.save_for_backward(output[1], begin, end, index_offset,
                           x if ctx.nan_ignored else None)
 
@@ -217,7 +221,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_values, grad_indices):
     indices, begin, end, index_offset, x = ctx.saved_tensors
     none = (None,) * 13
-    if grad_values is None:
+    if grad_values is None or not ctx.return_values:  # no values: nothing flows back to x
         return (None,) + none
     # Rows as [B, N]; a 1-D x is one row. No test of k here: under torch.compile a k read from
     # a tensor is known only when the graph runs, and k = 0 or B = 0 scatters nothing.

@@ -413,6 +413,71 @@ def test_export_refuses_a_tensor_value_fill_by_name(strict):
     assert "topk: value_fill is a tensor" in str(info.value)
 
 
+@pytest.mark.parametrize("source", ["size", "item"])
+def test_make_fx_symbolic_keeps_k_symbolic(source):
+    # A k from a symbolic size or from t.item() reaches the op as a SymInt: the graph selects
+    # the k of each call, as torch.topk's does, not the k of the traced one.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if source == "size":
+        graph = make_fx(lambda a: attnkit.topk(a, a.shape[-1] // 2, sorted="value"),
+                        tracing_mode="symbolic")(torch.randn(3, 10))
+        y, k, args = torch.randn(3, 20), 10, ()
+    else:
+        graph = make_fx(lambda a, t: attnkit.topk(a, t.item(), sorted="value"),
+                        tracing_mode="symbolic")(torch.randn(3, 10), torch.tensor(3))
+        y, k, args = torch.randn(4, 10), 4, (torch.tensor(4),)
+    got, want = graph(y, *args), torch.topk(y, k)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+
+
+@pytest.mark.parametrize("route", ["export", "make_fx_fake"])
+def test_a_k_read_from_a_tensor_traces_outside_dynamo(route):
+    # Non-strict torch.export and make_fx trace a k of t.item() as an unbacked SymInt, which
+    # operator.index could not turn into a number.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, t):
+        return attnkit.topk(a, t.item(), sorted="value").indices
+
+    x = torch.randn(4, 50)
+    if route == "export":
+        graph = torch.export.export(_KFromTensor(), (x, torch.tensor(3)), strict=False).module()
+    else:
+        graph = make_fx(f, tracing_mode="fake")(x, torch.tensor(3))
+    y = torch_rows("normal@1", (4, 50), "float32", rng_for("item_k", route))
+    assert torch.equal(graph(y, torch.tensor(4)), torch.topk(y, 4).indices)
+
+
+class _KFromTensor(torch.nn.Module):
+    def forward(self, x, t):
+        return attnkit.topk(x, t.item(), sorted="value").indices
+
+
+def test_jit_trace_warns_that_a_tensor_k_becomes_a_constant():
+    with pytest.warns(torch.jit.TracerWarning, match="topk: k is a tensor; torch.jit.trace"):
+        torch.jit.trace(lambda a, k: attnkit.topk(a, k).values,
+                        (torch.randn(3, 10), torch.tensor(3)), check_trace=False)
+
+
+@pytest.mark.parametrize("name", ["k", "index_fill", "value_fill"])
+def test_meta_tensor_numbers_are_refused_by_name(name):
+    kwargs = {"k": 5, name: torch.tensor(3, device="meta")}
+    for x in (torch.randn(4, 50), torch.empty(4, 50, device="meta")):
+        with pytest.raises(TypeError, match=f"topk: {name} is a tensor without a value to read"):
+            attnkit.topk(x, **kwargs)
+
+
+def test_op_without_values_passes_no_gradient():
+    # torch.ops.attnkit.topk(return_values=False) returns an empty values tensor: a backward
+    # through it reaches x as no gradient at all.
+    x = torch.randn(3, 10, requires_grad=True)
+    values, indices = torch.ops.attnkit.topk(x, 3, return_values=False)
+    assert values.numel() == 0 and indices.shape == (3, 3)
+    values.sum().backward()
+    assert x.grad is None
+
+
 def test_meta_x_gets_meta_results():
     # Shape propagation, as torch.topk gives it on the meta device; the eager checks still name
     # what a meta x cannot take.
@@ -424,6 +489,8 @@ def test_meta_x_gets_meta_results():
     assert v is None and (i.device.type, i.shape, i.dtype) == ("meta", (3, 4), torch.int32)
     oi = torch.empty(3, 4, dtype=torch.int64, device="meta")
     assert attnkit.topk(x, 4, out_indices=oi).indices is oi
+    with pytest.raises(ValueError, match="index_fill = 2147483648 does not fit the int32"):
+        attnkit.topk(x, 4, indices_dtype=torch.int32, index_fill=2**31)
     with pytest.raises(ValueError, match="end is on device cpu while x is on meta"):
         attnkit.topk(x, 4, end=torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="x is on device meta"):
