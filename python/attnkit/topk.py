@@ -132,7 +132,7 @@ def _number_of_0d(value: Any, torch_module: Any) -> Any:
         real = value.dtype.kind in "iuf" or value.dtype.type.__module__ == "ml_dtypes"
         return value.item() if value.ndim == 0 and real else value
     if torch_module is not None and isinstance(value, torch_module.Tensor):
-        if _dynamo_tracing(torch_module) or _fake(value):
+        if _dynamo_tracing(torch_module):
             raise TypeError("topk: value_fill is a tensor; under torch.compile the fills are "
                             "Python numbers (a tensor's value is known only when the graph runs)")
         _check_tensor_number("value_fill", value)

@@ -105,23 +105,23 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
     ties_code = _choice("ties", ties, _TIES)
     if indices_dtype not in (None, torch.int32, torch.int64):
         raise TypeError(f"topk: indices_dtype = {indices_dtype}; expected int32 or int64")
-    if indices_dtype == torch.int32 and not -2**31 <= index_fill < 2**31:
-        # The op's checks see the indices' dtype in out_indices only (topk_workspace_size).
-        raise ValueError(f"topk: index_fill = {index_fill} does not fit the int32 indices")
     tensors = {"x": x, "out_indices": out_indices, "out_values": out_values, "begin": begin,
                "end": end, "index_offset": index_offset}
     storages = {name: _storage_of(t, name) for name, t in tensors.items() if t is not None}
     sizes = [n for t in tensors.values() if t is not None
              for n in (*t.shape, *t.stride(), t.storage_offset())]
     if all(type(n) is int for n in (k, *sizes)):
-        views = _metadata_views(tensors, storages)
+        checked, checked_storages = tensors, storages
+        if out_indices is None:
+            # The indices the op makes, as a buffer of their own, so that the op's checks of
+            # the outputs (an index_fill that int32 indices cannot hold) run here too.
+            made = x.new_empty(_out_shape(x, k), dtype=indices_dtype or torch.int64)
+            checked = {**tensors, "out_indices": made}
+            checked_storages = {**storages, "out_indices": _storage_of(made, "out_indices")}
+        views = _metadata_views(checked, checked_storages)
         options = (k, bool(largest), order, nan_code, ties_code, index_fill, value_fill,
                    _CHECKS[False], 0)
-        if out_indices is None:
-            _ext.topk_check_inputs(views["x"], views["begin"], views["end"],
-                                   views["index_offset"], *options)
-        else:
-            _ext.topk_workspace_size(*views.values(), *options)
+        _ext.topk_workspace_size(*views.values(), *options)
     if out_values is not None and storages["out_values"] == storages["out_indices"]:
         # Views of one tensor in two dtypes, both written by the op: torch.compile (AOT
         # autograd) keeps only one of the two writes when the views are made inside the
