@@ -74,6 +74,8 @@ struct TensorView {
   std::int64_t strides[kMaxDims] = {};
 
   /// A view with the given shape; `strides` empty means C-contiguous.
+  /// \throws Error(kShape) for more than kMaxDims dimensions, or `strides` not empty and of
+  /// another length than `shape`.
   static TensorView make(void* data, DType dtype, Device device,
                          std::initializer_list<std::int64_t> shape,
                          std::initializer_list<std::int64_t> strides = {});
@@ -85,7 +87,7 @@ struct TensorView {
 
   std::int64_t size(int dim) const noexcept { return shape[dim]; }
   std::int64_t stride(int dim) const noexcept { return strides[dim]; }
-  /// Product of the sizes (1 for a 0-d view).
+  /// Product of the sizes (1 for a 0-d view), saturating at INT64_MAX.
   std::int64_t numel() const noexcept;
   /// "[4, 128]".
   std::string shape_str() const;

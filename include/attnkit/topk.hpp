@@ -43,7 +43,8 @@
 ///   it has more than one element; any row stride (zero and negative included) and any
 ///   element offset (the data pointer a multiple of the element size). `N <= 2^31 - 1`,
 ///   `B <= 2^31 - 1`.
-/// - `begin`, `end`, `index_offset`: rank 1, `[B]`, int32 or int64, any stride, same device.
+/// - `begin`, `end`, `index_offset`: rank 1, `[B]` (`[1]` for 1-D `x`), int32 or int64, any
+///   stride, same device.
 /// - `out_indices`: `[B, k]` (`[k]` for 1-D `x`), int32 or int64, last dimension contiguous,
 ///   any row stride whose rows do not overlap. `out_values`: the same shape, `x`'s dtype.
 ///   Outputs may not share a byte with each other or any input (they may lie between x's
@@ -55,7 +56,8 @@
 /// dtype; `kDevice`: tensors on different devices, or CUDA tensors in a build without CUDA;
 /// `kLayout`: a non-contiguous last dimension, overlapping buffers or output rows, a data
 /// pointer that is not a multiple of the element size, a byte span of 2^62 or more; `kValue`:
-/// k outside [0, 2^31 - 1], a null data pointer with elements, `begin`/`end`/`index_offset`
+/// k outside [0, 2^31 - 1], `x` or `out_indices` not set (a default `TensorView`), a null data
+/// pointer with elements, `begin`/`end`/`index_offset`
 /// values outside their rules when checked, an index that does not fit int32, a workspace too
 /// small or not 256-byte aligned; `kNanFound`: a NaN in a valid range with `nan = kRaise`;
 /// `kDeviceFault`: a CUDA runtime call failed; `kInternal`: a broken invariant (please report).
@@ -72,12 +74,18 @@
 /// With checking off the kernels clamp `end` into `[0, N]` and `begin` into `[0, end]`, so no
 /// access is ever out of bounds.
 ///
+/// \par Threads
+/// Calls are thread-safe. On the CPU, concurrent calls share one thread pool and run one after
+/// another; `set_num_threads` (runtime.hpp) may run during a call, which keeps the threads it
+/// started with. On CUDA, calls run on their own streams.
+///
 /// \par Sources
 /// `torch.topk` (NaN above +inf, `largest`, `sorted`); DeepSelect (`end`, `output_idx_offset`,
 /// fills, `return_value`, `sorted_index`, the one-read threshold filter); CUB `DeviceTopK`
 /// (explicit tie and order requirements, two-phase workspace).
 ///
 /// \par Example
+/// README.md "C++ example"; in the source tree, the test `tests/cpp/test_topk_api.cpp` holds
 /// \snippet tests/cpp/test_topk_api.cpp topk example
 #pragma once
 
