@@ -122,8 +122,10 @@ void check_element_aligned(const char* op, const char* arg, const TensorView& t)
   const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
   const std::size_t elem = dtype_size(t.dtype);
   if (t.numel() > 0 && elem != 0 && addr % elem != 0) {
+    char address[32];
+    std::snprintf(address, sizeof address, "%#llx", static_cast<unsigned long long>(addr));
     fail(ErrorCode::kLayout, op,
-         std::string(arg) + ".data = " + std::to_string(addr) + " is not a multiple of its " +
+         std::string(arg) + ".data = " + address + " is not a multiple of its " +
              std::to_string(elem) + "-byte element size");
   }
 }

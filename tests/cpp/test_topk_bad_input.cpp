@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <limits>
 #include <sstream>
@@ -669,9 +670,11 @@ TEST_F(TopkBadInput, DataNotElementAligned) {
         p = shifted(rows64_.at(0), by);
         set_row_vector(t, arg, TensorView::make(p, DType::kInt64, kCpu, {kB}));
       }
-      const auto address = reinterpret_cast<std::uintptr_t>(p);
+      char address[32];
+      std::snprintf(address, sizeof address, "%#llx",
+                    static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)));
       expect_error(t, options(), ErrorCode::kLayout,
-                   {arg + ".data = " + std::to_string(address),
+                   {arg + ".data = " + address + " ",
                     "is not a multiple of its " + std::to_string(m.elem) + "-byte element size"});
     }
   }
