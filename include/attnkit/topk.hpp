@@ -93,6 +93,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "attnkit/error.hpp"
 #include "attnkit/tensor.hpp"
 
 namespace attnkit {
@@ -140,7 +141,7 @@ struct TopkOptions {
   std::int64_t index_fill = -1;       ///< index written to padding slots
   std::optional<double> value_fill;   ///< value written to padding slots (rounded once to x's
                                       ///< dtype, to nearest even, whatever the thread's
-                                      ///< flush-to-zero mode); default -inf/+inf
+                                      ///< rounding and flush-to-zero modes); default -inf/+inf
   CheckMode check = CheckMode::kDefault;
   TopkBackend backend = TopkBackend::kAuto;
 };

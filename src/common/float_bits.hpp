@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Conversions between float and the 16-bit float formats, on bit patterns, so that host code
 // needs neither compiler extensions (_Float16, __bf16) nor the CUDA headers. All conversions
-// from float round to nearest, ties to even, and keep NaN a NaN.
+// from float round to nearest, ties to even, whatever the thread's rounding and flush modes
+// (integer arithmetic), and keep NaN a NaN.
 #pragma once
 
 #include <cmath>
@@ -52,11 +53,17 @@ ATTNKIT_HD std::uint16_t float_to_f16_bits(float f) {
   if (abs > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);
   if (abs >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // rounds to inf
   if (abs < 0x38800000u) {
-    // Result is subnormal or zero: scale so that the half ulp (2^-24) becomes 1, then round.
-    // The float addition rounds to nearest even exactly as the conversion must.
-    const float scaled = bits_to_float(abs) * 16777216.0f;  // * 2^24, exact
-    const float rounded = scaled + 8388608.0f;               // + 2^23 forces integer rounding
-    return static_cast<std::uint16_t>(sign | (float_to_bits(rounded) - 0x4B000000u));
+    // Result is subnormal or zero: abs = mant * 2^(exp - 150) and the half's ulp is 2^-24, so
+    // the result is mant >> (126 - exp) rounded to nearest even, in integers (a float addition
+    // would follow the thread's rounding mode). A carry into bit 10 gives the least normal.
+    const std::uint32_t exp = abs >> 23;
+    const std::uint32_t mant = (abs & 0x7FFFFFu) | (exp != 0 ? 0x800000u : 0u);
+    const std::uint32_t shift = 126u - (exp != 0 ? exp : 1u);  // >= 14
+    if (shift > 24u) return sign;  // below half the least subnormal (mant < 2^24)
+    const std::uint32_t rest = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    std::uint32_t r = mant >> shift;
+    r += (rest > half || (rest == half && (r & 1u))) ? 1u : 0u;
+    return static_cast<std::uint16_t>(sign | r);
   }
   // Normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even.
   std::uint32_t r = abs - 0x38000000u;

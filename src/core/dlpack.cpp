@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attnkit/dlpack.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -79,9 +80,18 @@ TensorView from_dlpack(const DLTensor& t) {
                 "from_dlpack: shape is null with ndim = " + std::to_string(t.ndim) +
                     "; DLPack requires a shape for every dimension");
   }
+  // An empty tensor may have a null data pointer; no offset is applied to it. The offset is
+  // added as an address, refused where it could not describe memory (the views' byte spans
+  // obey the same 2^62 bound) or would wrap the address space.
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data);
+  if (t.data != nullptr &&
+      (t.byte_offset >= (std::uint64_t{1} << 62) || address + t.byte_offset < address)) {
+    throw Error(ErrorCode::kLayout, "from_dlpack: byte_offset = " +
+                                        std::to_string(t.byte_offset) +
+                                        " is 2^62 or more, or wraps the data pointer");
+  }
   v.ndim = t.ndim;
-  // An empty tensor may have a null data pointer; no offset is applied to it.
-  v.data = t.data == nullptr ? nullptr : static_cast<char*>(t.data) + t.byte_offset;
+  v.data = t.data == nullptr ? nullptr : reinterpret_cast<void*>(address + t.byte_offset);
   for (int d = 0; d < t.ndim; ++d) {
     v.shape[d] = t.shape[d];
     if (t.strides) v.strides[d] = t.strides[d];

@@ -2,10 +2,11 @@
 // The double -> float conversions of src/common/float_bits.hpp, which turn a caller's
 // value_fill into x's dtype: to nearest even they must agree with the hardware cast (in the
 // default floating-point mode) on every double, rounded to odd they must make the one rounding
-// to a 16-bit format exact, and neither may depend on the thread's flush-to-zero and
+// to a 16-bit format exact, and none may depend on the thread's rounding, flush-to-zero and
 // denormals-are-zero modes.
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +27,7 @@ using attnkit::detail::double_to_bf16_bits;
 using attnkit::detail::double_to_f16_bits;
 using attnkit::detail::double_to_float_bits;
 using attnkit::detail::float_to_bits;
+using attnkit::detail::float_to_f16_bits;
 
 double from_bits(std::uint64_t u) {
   double d;
@@ -112,6 +114,53 @@ TEST(FloatBits, SixteenBitValuesRoundOnce) {
   // The least float16 subnormal is 2^-24: a hair above half of it rounds up to it.
   EXPECT_EQ(double_to_f16_bits(0x1p-25 + 0x1p-60), 0x0001u);
   EXPECT_EQ(double_to_f16_bits(0x1p-25), 0x0000u);
+}
+
+/// Floats whose half is subnormal or zero (below 2^-14) round to nearest even in every
+/// rounding mode of the calling thread: a caller's fesetround must not move a value_fill.
+/// Expected values come from the exact double product x * 2^24 rounded to nearest in the
+/// default mode; the mantissas include each shift's halfway cases and their neighbours.
+TEST(FloatBits, HalfSubnormalsRoundToNearestInEveryMode) {
+  std::vector<std::uint32_t> bits;
+  std::mt19937 rng(11);
+  for (std::uint32_t exp = 0; exp <= 112; ++exp) {
+    const std::uint32_t shift = 126 - (exp != 0 ? exp : 1);
+    for (int i = 0; i < 600; ++i) {
+      std::uint32_t mant = rng() & 0x7FFFFFu;
+      if (shift <= 24) {
+        const std::uint32_t half = 1u << (shift - 1);
+        const std::uint32_t high = (mant | 0x800000u) & ~((1u << shift) - 1u);
+        if (i % 4 == 1) mant = (high | half) & 0x7FFFFFu;
+        if (i % 4 == 2) mant = (high | (half + 1)) & 0x7FFFFFu;
+        if (i % 4 == 3) mant = (high | (half - 1)) & 0x7FFFFFu;
+      }
+      bits.push_back(exp << 23 | mant);
+      bits.push_back(0x80000000u | exp << 23 | mant);
+    }
+  }
+  bits.push_back(0x387FFFFFu);  // rounds up to the least normal half, 0x0400
+  std::vector<std::uint16_t> want;
+  for (std::uint32_t u : bits) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    const double r = std::nearbyint(std::fabs(static_cast<double>(f)) * 16777216.0);
+    want.push_back(static_cast<std::uint16_t>((u >> 16 & 0x8000u) | static_cast<std::uint32_t>(r)));
+  }
+  EXPECT_EQ(want.back(), 0x0400u);
+  const int saved = std::fegetround();
+  for (const int mode : {FE_TONEAREST, FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO}) {
+    ASSERT_EQ(std::fesetround(mode), 0);
+    std::vector<std::uint16_t> got;
+    for (std::uint32_t u : bits) {
+      float f;
+      std::memcpy(&f, &u, sizeof f);
+      got.push_back(float_to_f16_bits(f));
+    }
+    std::fesetround(saved);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < bits.size(); ++i) bad += got[i] != want[i];
+    EXPECT_EQ(bad, 0u) << "rounding mode " << mode;
+  }
 }
 
 #ifdef ATTNKIT_TEST_MXCSR

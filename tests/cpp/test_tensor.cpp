@@ -306,6 +306,15 @@ TEST(TensorDlpack, Errors) {
   const int unknown = 12345;  // no DLDeviceType enumerator: read as an integer
   std::memcpy(&t.device.device_type, &unknown, sizeof(unknown));
   expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDevice, "device type 12345");
+  t.device = {kDLCPU, 0};
+  // An offset that no buffer spans, or that wraps the address below the data pointer.
+  t.byte_offset = std::uint64_t{1} << 63;
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kLayout,
+                "byte_offset = 9223372036854775808 is 2^62 or more");
+  t.byte_offset = ~std::uint64_t{3};
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kLayout, "byte_offset = ");
+  t.byte_offset = 4;
+  EXPECT_EQ(attnkit::from_dlpack(t).data, static_cast<void*>(storage + 1));
 }
 
 #endif  // ATTNKIT_TEST_DLPACK
