@@ -103,3 +103,7 @@ if [[ $ctest_status != 0 || $pytest_status != 0 ]]; then
   exit 1
 fi
 echo "scripts/test.sh: C++ and Python suites passed"
+if [[ ${ATTNKIT_CUDA:-} == OFF ]] && command -v nvcc >/dev/null 2>&1; then
+  echo "note: attnkit is now installed in $("$python" -c 'import sys; print(sys.prefix)') without" \
+       "its CUDA backend; 'pip install .' there restores it"
+fi

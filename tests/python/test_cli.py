@@ -401,6 +401,45 @@ def test_demo_into_a_closed_pipe_stops_quietly(tmp_path):
     assert doc["failures"] == 0 and len(doc["cases"]) == len(_demo.select_cases(None, "cpu"))
 
 
+def _demo_stderr_on_a_terminal(columns: int, *flags: str) -> str:
+    """What `attnkit demo --quick` writes to stderr when stderr is a pseudo-terminal whose
+    window reports `columns` (0: a terminal nobody sized, 0 x 0, as `script` makes)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24 if columns else 0, columns, 0, 0))
+    demo = subprocess.Popen([sys.executable, "-m", "attnkit", "demo", "--quick", "--cases",
+                             "sample-k50-issue", "--repeats", "5", *flags],
+                            stdout=subprocess.DEVNULL, stderr=slave,
+                            env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    assert demo.wait(timeout=120) == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.parametrize("columns", [0, 120])
+def test_demo_draws_its_progress_bar_on_a_terminal(columns):
+    # README: "A progress bar shows on a terminal"; tqdm draws nothing on a 0 x 0 one.
+    err = _demo_stderr_on_a_terminal(columns)
+    assert "attnkit demo:" in err and "step" in err, err
+    widths = [len(line.strip()) for line in err.replace("\n", "\r").split("\r")]
+    assert max(widths) <= (columns or 80), err
+    assert "attnkit demo:" not in _demo_stderr_on_a_terminal(columns, "--no-progress")
+
+
 @pytest.mark.parametrize("target", ["-", "/dev/stdout", "the redirected file"])
 def test_demo_json_to_stdout_keeps_the_report_apart(tmp_path, target):
     # `attnkit demo --json - > r.json`, also through /dev/stdout or the file's own name: stdout
