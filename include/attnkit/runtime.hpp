@@ -18,6 +18,10 @@ int num_threads() noexcept;
 /// num_threads() reports.
 void set_num_threads(int n);
 
+/// attnkit's version, "MAJOR.MINOR.PATCH": the CMake project's (find_package's
+/// `attnkit_VERSION`) and the Python package's (`attnkit.__version__`).
+const char* version() noexcept;
+
 /// True when this build contains the CUDA backend.
 bool cuda_available_in_build() noexcept;
 

@@ -16,6 +16,8 @@ int num_threads() noexcept { return detail::ThreadPool::global().size(); }
 
 void set_num_threads(int n) { detail::ThreadPool::global().resize(n); }
 
+const char* version() noexcept { return ATTNKIT_VERSION; }
+
 bool cuda_available_in_build() noexcept {
 #if defined(ATTNKIT_WITH_CUDA)
   return true;

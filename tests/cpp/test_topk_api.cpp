@@ -89,3 +89,9 @@ TEST(TopkApi, CpuRowValuesCheckedBeforeOutputsExist) {
   t.index_offset = attnkit::TensorView::make(offset.data(), attnkit::DType::kInt64, {}, {3});
   EXPECT_NO_THROW(attnkit::topk_check_inputs(t, options));  // fits int64 indices
 }
+
+TEST(TopkApi, VersionIsTheProjectsAndLeadsTheBuildInfo) {
+  EXPECT_STREQ(attnkit::version(), ATTNKIT_TEST_PROJECT_VERSION);
+  EXPECT_EQ(attnkit::build_info().rfind(std::string("attnkit ") + attnkit::version() + "\n", 0),
+            0u);
+}
