@@ -17,7 +17,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target consumer
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "build failed (${rc}):\n${build_out}\n${build_err}")
 endif()
-execute_process(COMMAND ${BINARY_DIR}/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE printed)
+execute_process(COMMAND ${BINARY_DIR}/bin/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE printed)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "consumer exited with ${rc}")
 endif()
