@@ -16,8 +16,8 @@ namespace attnkit {
 /// \throws Error(kDType) for element types attnkit has no DType for (complex, float8, vector
 ///         lanes, ...; the integer types and bool are known, though topk refuses them);
 ///         Error(kDevice) for devices other than CPU, CUDA and CUDA host memory;
-///         Error(kShape) for more than kMaxDims dimensions; Error(kLayout) for a
-///         `byte_offset` of 2^62 or more, or one that wraps the data pointer.
+///         Error(kShape) for more than kMaxDims dimensions; Error(kLayout), where `data` is
+///         not null, for a `byte_offset` of 2^62 or more, or one that wraps the address.
 TensorView from_dlpack(const DLTensor& t);
 
 /// A `DLTensor` describing `view`. Its `shape` and `strides` point into `view`, which must

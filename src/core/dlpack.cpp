@@ -84,11 +84,14 @@ TensorView from_dlpack(const DLTensor& t) {
   // added as an address, refused where it could not describe memory (the views' byte spans
   // obey the same 2^62 bound) or would wrap the address space.
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
-  if (t.data != nullptr &&
-      (t.byte_offset >= (std::uint64_t{1} << 62) || address + t.byte_offset < address)) {
+  if (t.data != nullptr && t.byte_offset >= (std::uint64_t{1} << 62)) {
     throw Error(ErrorCode::kLayout, "from_dlpack: byte_offset = " +
+                                        std::to_string(t.byte_offset) + " must be < 2^62");
+  }
+  if (t.data != nullptr && address + t.byte_offset < address) {
+    throw Error(ErrorCode::kLayout, "from_dlpack: data + byte_offset (" +
                                         std::to_string(t.byte_offset) +
-                                        " is 2^62 or more, or wraps the data pointer");
+                                        ") wraps past the end of the address space");
   }
   v.ndim = t.ndim;
   v.data = t.data == nullptr ? nullptr : reinterpret_cast<void*>(address + t.byte_offset);

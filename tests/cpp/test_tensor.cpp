@@ -307,12 +307,24 @@ TEST(TensorDlpack, Errors) {
   std::memcpy(&t.device.device_type, &unknown, sizeof(unknown));
   expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kDevice, "device type 12345");
   t.device = {kDLCPU, 0};
-  // An offset that no buffer spans, or that wraps the address below the data pointer.
-  t.byte_offset = std::uint64_t{1} << 63;
+  // An offset that no buffer spans (the views' spans stay below 2^62 too), at the bound and
+  // past it; one that wraps the address (a pointer near the top, never dereferenced).
+  t.byte_offset = std::uint64_t{1} << 62;
   expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kLayout,
-                "byte_offset = 9223372036854775808 is 2^62 or more");
+                "byte_offset = 4611686018427387904 must be < 2^62");
   t.byte_offset = ~std::uint64_t{3};
-  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kLayout, "byte_offset = ");
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kLayout,
+                "byte_offset = 18446744073709551612 must be < 2^62");
+  t.byte_offset = (std::uint64_t{1} << 62) - 4;
+  EXPECT_NO_THROW((void)attnkit::from_dlpack(t));
+  void* const near_top = reinterpret_cast<void*>(~std::uintptr_t{0} - 15);
+  t.data = near_top;
+  t.byte_offset = 64;
+  expect_throws([&] { (void)attnkit::from_dlpack(t); }, ErrorCode::kLayout,
+                "data + byte_offset (64) wraps past the end of the address space");
+  t.byte_offset = 12;
+  EXPECT_EQ(attnkit::from_dlpack(t).data, static_cast<void*>(static_cast<char*>(near_top) + 12));
+  t.data = storage;
   t.byte_offset = 4;
   EXPECT_EQ(attnkit::from_dlpack(t).data, static_cast<void*>(storage + 1));
 }
