@@ -5,7 +5,6 @@
 // (integer arithmetic), and keep NaN a NaN.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The double -> float conversions of src/common/float_bits.hpp, which turn a caller's
-// value_fill into x's dtype: to nearest even they must agree with the hardware cast (in the
-// default floating-point mode) on every double, rounded to odd they must make the one rounding
-// to a 16-bit format exact, and none may depend on the thread's rounding, flush-to-zero and
-// denormals-are-zero modes.
+// The conversions of src/common/float_bits.hpp that turn a caller's value_fill into x's dtype:
+// double -> float to nearest even must agree with the hardware cast (in the default
+// floating-point mode) on every double, rounded to odd it must make the one rounding to a
+// 16-bit format exact, float -> float16 must round half subnormals to nearest even, and none
+// may depend on the thread's rounding, flush-to-zero and denormals-are-zero modes.
 #include <gtest/gtest.h>
 
 #include <cfenv>
@@ -119,9 +119,17 @@ TEST(FloatBits, SixteenBitValuesRoundOnce) {
 /// Floats whose half is subnormal or zero (below 2^-14) round to nearest even in every
 /// rounding mode of the calling thread: a caller's fesetround must not move a value_fill.
 /// Expected values come from the exact double product x * 2^24 rounded to nearest in the
-/// default mode; the mantissas include each shift's halfway cases and their neighbours.
+/// default mode. The floats: every midpoint between neighbouring halves from 0 to the least
+/// normal (h + 1/2) * 2^-24 and the floats either side of it, then random mantissas of every
+/// exponent with, where the shift leaves room, the halfway case of the dropped bits and its
+/// neighbours.
 TEST(FloatBits, HalfSubnormalsRoundToNearestInEveryMode) {
   std::vector<std::uint32_t> bits;
+  for (std::uint32_t h = 0; h < 0x400; ++h) {
+    const float mid = (static_cast<float>(h) + 0.5f) * 0x1p-24f;  // exact: 12 significant bits
+    const std::uint32_t u = float_to_bits(mid);
+    bits.insert(bits.end(), {u - 1, u, u + 1, 0x80000000u | u});
+  }
   std::mt19937 rng(11);
   for (std::uint32_t exp = 0; exp <= 112; ++exp) {
     const std::uint32_t shift = 126 - (exp != 0 ? exp : 1);
