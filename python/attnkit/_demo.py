@@ -309,7 +309,8 @@ def _progress(total: int, enabled: bool):
     # disable=None turns the bar off when stderr is not a terminal (CI logs), and a closed
     # stderr (`2>&-`) has no bar at all. A terminal that reports no size (a pseudo-terminal
     # nobody sized, as `script` or an editor's console makes) has room for no bar in tqdm's
-    # eyes, which then draws none: it is taken as 80 x 24.
+    # eyes, which then draws none: it is taken as 80 x 24, the bar one column short of the
+    # width as tqdm keeps it on sized terminals (a full line wraps on some consoles).
     try:
         size = os.get_terminal_size(sys.stderr.fileno())
     except (AttributeError, OSError, ValueError):
@@ -317,7 +318,7 @@ def _progress(total: int, enabled: bool):
     sized = size.columns > 0 and size.lines > 0
     return tqdm(total=total, desc="attnkit demo", unit="step", file=sys.stderr,
                 disable=None if enabled and sys.stderr is not None else True, leave=False,
-                dynamic_ncols=sized, ncols=None if sized else 80, nrows=None if sized else 24)
+                dynamic_ncols=sized, ncols=None if sized else 79, nrows=None if sized else 24)
 
 
 class _Step:
@@ -782,14 +783,15 @@ def run(args, json_to_stdout: bool = False) -> int:
     print(gpu_table(timed) if device == "cuda" else cpu_table(timed), file=out)
     print(file=out)
     if device == "cuda":
-        print(f"Median of {_count(repeats, 'run')} after {_count(args.warmup, 'warm-up')}, CUDA events, L2 flushed "
-              f"(256 MB written, then read) before each run. GB/s = (valid input bytes + values and int64 "
+        print(f"Median of {_count(repeats, 'run')} after {_count(args.warmup, 'warm-up')}, "
+              f"CUDA events, L2 flushed (256 MB written, then read) before each run. "
+              f"GB/s = (valid input bytes + values and int64 "
               f"indices written) / time. torch.topk reads whole rows (causal rows masked "
               f"with -inf). Results checked against attnkit's CPU reference backend.", file=out)
     else:
-        print(f"Median of {_count(repeats, 'run')} after {_count(args.warmup, 'warm-up')}; {threads} thread(s) for "
-              f"every method (std baselines on attnkit's pool, parallel over rows; "
-              f"argpartition over row chunks). GB/s = (valid input bytes + values and int64 "
+        print(f"Median of {_count(repeats, 'run')} after {_count(args.warmup, 'warm-up')}; "
+              f"{threads} thread(s) for every method (std baselines on attnkit's pool, "
+              f"parallel over rows; argpartition over row chunks). GB/s = (valid input bytes + values and int64 "
               f"indices written) / attnkit time. 'vs X' = time of X / time of attnkit. "
               f"Baselines read whole rows (causal rows masked with -inf); bf16 rows are "
               f"widened to fp32 for argpartition. Every attnkit result is compared with the "

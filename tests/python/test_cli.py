@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 
 import numpy as np
@@ -406,38 +407,60 @@ def _demo_stderr_on_a_terminal(columns: int, *flags: str) -> str:
     window reports `columns` (0: a terminal nobody sized, 0 x 0, as `script` makes)."""
     import fcntl
     import pty
+    import select
     import struct
     import termios
 
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24 if columns else 0, columns, 0, 0))
+    size = struct.pack("HHHH", 24 if columns else 0, columns, 0, 0)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
     demo = subprocess.Popen([sys.executable, "-m", "attnkit", "demo", "--quick", "--cases",
                              "sample-k50-issue", "--repeats", "5", *flags],
                             stdout=subprocess.DEVNULL, stderr=slave,
                             env={**os.environ, "ATTNKIT_NUM_THREADS": "1"})
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(master)
-    assert demo.wait(timeout=120) == 0
-    return b"".join(chunks).decode(errors="replace")
+    os.close(slave)  # the child's copy stays open until it exits
+    chunks, deadline = [], time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 1.0)[0]:
+                if demo.poll() is not None and not select.select([master], [], [], 0.2)[0]:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every copy of the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(master)
+        if demo.poll() is None:
+            demo.kill()
+    err = b"".join(chunks).decode(errors="replace")
+    assert demo.wait(timeout=10) == 0, err
+    return err
 
 
 @pytest.mark.parametrize("columns", [0, 120])
 def test_demo_draws_its_progress_bar_on_a_terminal(columns):
-    # README: "A progress bar shows on a terminal"; tqdm draws nothing on a 0 x 0 one.
+    # README: "A progress bar shows on a terminal"; tqdm draws nothing on a 0 x 0 one, which is
+    # taken as 80 columns, and a bar filling the last column would wrap on some consoles.
     err = _demo_stderr_on_a_terminal(columns)
-    assert "attnkit demo:" in err and "step" in err, err
-    widths = [len(line.strip()) for line in err.replace("\n", "\r").split("\r")]
-    assert max(widths) <= (columns or 80), err
-    assert "attnkit demo:" not in _demo_stderr_on_a_terminal(columns, "--no-progress")
+    bars = [line for line in err.replace("\n", "\r").split("\r") if "attnkit demo:" in line]
+    assert bars and any("step" in bar for bar in bars), err
+    assert max(len(bar) for bar in bars) < (columns or 80), err
+    quiet = _demo_stderr_on_a_terminal(columns, "--no-progress")
+    assert "attnkit demo:" not in quiet, quiet
+
+
+def test_demo_footer_counts_runs_in_the_singular_too(capsys):
+    assert cli.main(["demo", "--quick", "--no-progress", "--device", "cpu", "--cases",
+                     "dsa-k512", "--repeats", "1", "--warmup", "1"]) == 0
+    assert "Median of 1 run after 1 warm-up;" in capsys.readouterr().out
+    assert cli.main(["demo", "--quick", "--no-progress", "--device", "cpu", "--cases",
+                     "dsa-k512", "--repeats", "3", "--warmup", "0"]) == 0
+    assert "Median of 3 runs after 0 warm-ups;" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("target", ["-", "/dev/stdout", "the redirected file"])
