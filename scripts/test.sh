@@ -98,12 +98,13 @@ if [[ $pytest_status == 5 ]]; then
   pytest_status=0
 fi
 
+cuda_setting=${ATTNKIT_CUDA:-}
+if [[ -n $nvcc && ${cuda_setting^^} =~ ^(OFF|0|NO|N|FALSE)$ ]]; then
+  echo "note: attnkit is now installed without its CUDA backend; '$python -m pip install .'" \
+       "restores it"
+fi
 if [[ $ctest_status != 0 || $pytest_status != 0 ]]; then
   echo "FAILED: ctest exit code $ctest_status, pytest exit code $pytest_status" >&2
   exit 1
 fi
 echo "scripts/test.sh: C++ and Python suites passed"
-if [[ ${ATTNKIT_CUDA:-} == OFF ]] && command -v nvcc >/dev/null 2>&1; then
-  echo "note: attnkit is now installed in $("$python" -c 'import sys; print(sys.prefix)') without" \
-       "its CUDA backend; 'pip install .' there restores it"
-fi

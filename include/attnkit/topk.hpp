@@ -75,9 +75,10 @@
 /// access is ever out of bounds.
 ///
 /// \par Threads
-/// Calls are thread-safe. On the CPU, concurrent calls share one thread pool and run one after
-/// another; `set_num_threads` (runtime.hpp) may run during a call, which keeps the threads it
-/// started with. On CUDA, calls run on their own streams.
+/// Calls are thread-safe. On the CPU, concurrent calls share one thread pool whose parallel
+/// loops run one at a time (calls take turns loop by loop); `set_num_threads` (runtime.hpp) may
+/// run during a call, which then uses at most the threads it counted when it started. On CUDA,
+/// a call is enqueued on the `stream` it is given (the default stream unless one is passed).
 ///
 /// \par Sources
 /// `torch.topk` (NaN above +inf, `largest`, `sorted`); DeepSelect (`end`, `output_idx_offset`,

@@ -55,6 +55,22 @@ def test_num_threads_from_environment():
     assert out.stdout.strip() == "3"
 
 
+def test_one_version_everywhere():
+    # The package's metadata, its __version__, the CMake project (whose version the C++
+    # attnkit::version() and find_package report) and the built library's build info agree.
+    import re
+    from importlib.metadata import version
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pyproject = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    cmake = re.search(r"^project\(attnkit VERSION (\S+)", (root / "CMakeLists.txt").read_text(),
+                      re.M)
+    assert pyproject and cmake
+    assert {pyproject[1], cmake[1], attnkit.__version__, version("attnkit")} == {cmake[1]}
+    assert attnkit.info().startswith(f"attnkit {cmake[1]}\n")
+
+
 def test_info():
     text = attnkit.info()
     assert isinstance(text, str)
