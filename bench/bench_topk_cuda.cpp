@@ -244,21 +244,27 @@ int main(int argc, char** argv) {
     const std::int64_t kk = std::max<std::int64_t>(c.k, 1);
     auto prepare = [&](Call& call) {
       cuda_ok(cudaMalloc(&call.x, host.size()), "cudaMalloc(x)");
-      cuda_ok(cudaMalloc(&call.vals, static_cast<std::size_t>(c.batch * kk) * elem), "cudaMalloc(values)");
-      cuda_ok(cudaMalloc(&call.idx, static_cast<std::size_t>(c.batch * kk) * 4), "cudaMalloc(indices)");
+      cuda_ok(cudaMalloc(&call.vals, static_cast<std::size_t>(c.batch * kk) * elem),
+              "cudaMalloc(values)");
+      cuda_ok(cudaMalloc(&call.idx, static_cast<std::size_t>(c.batch * kk) * 4),
+              "cudaMalloc(indices)");
       cuda_ok(cudaMalloc(&call.end, ends.size() * 4), "cudaMalloc(end)");
       cuda_ok(cudaMemcpy(call.x, host.data(), host.size(), cudaMemcpyHostToDevice), "copy x");
-      cuda_ok(cudaMemcpy(call.end, ends.data(), ends.size() * 4, cudaMemcpyHostToDevice), "copy end");
+      cuda_ok(cudaMemcpy(call.end, ends.data(), ends.size() * 4, cudaMemcpyHostToDevice),
+              "copy end");
       attnkit::TopkTensors t;
       t.x = attnkit::TensorView::make(call.x, c.dtype, gpu, {c.batch, c.n});
-      if (c.with_end) t.end = attnkit::TensorView::make(call.end, attnkit::DType::kInt32, gpu, {c.batch});
+      if (c.with_end)
+        t.end = attnkit::TensorView::make(call.end, attnkit::DType::kInt32, gpu, {c.batch});
       if (values) t.out_values = attnkit::TensorView::make(call.vals, c.dtype, gpu, {c.batch, c.k});
-      t.out_indices = attnkit::TensorView::make(call.idx, attnkit::DType::kInt32, gpu, {c.batch, c.k});
+      t.out_indices =
+          attnkit::TensorView::make(call.idx, attnkit::DType::kInt32, gpu, {c.batch, c.k});
       attnkit::TopkOptions o;
       o.k = c.k;
       o.sorted = order;
       call.ws_bytes = attnkit::topk_workspace_size(t, o);
-      cuda_ok(cudaMalloc(&call.ws, std::max<std::size_t>(call.ws_bytes, 1)), "cudaMalloc(workspace)");
+      cuda_ok(cudaMalloc(&call.ws, std::max<std::size_t>(call.ws_bytes, 1)),
+              "cudaMalloc(workspace)");
       attnkit::topk(call.ws, call.ws_bytes, t, o, stream);  // warm-up, outside the graph
       cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
       attnkit::topk(call.ws, call.ws_bytes, t, o, stream);
@@ -283,12 +289,13 @@ int main(int argc, char** argv) {
     }
     std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
     const double med = us[us.size() / 2];
-    const double bytes = static_cast<double>(valid * static_cast<std::int64_t>(elem)) +
-                         static_cast<double>(c.batch * c.k * (4 + (values ? static_cast<std::int64_t>(elem) : 0)));
+    const double bytes =
+        static_cast<double>(valid * static_cast<std::int64_t>(elem)) +
+        static_cast<double>(c.batch * c.k * (4 + (values ? static_cast<std::int64_t>(elem) : 0)));
     std::printf("%-5s %6lld %8lld %5lld %-6s %-6s %10.2f %8.3f\n", short_name(c.dtype),
                 static_cast<long long>(c.batch), static_cast<long long>(c.n),
-                static_cast<long long>(c.k), c.causal ? "yes" : (c.with_end ? "end" : "no"), values ? "yes" : "no", med,
-                bytes / med / 1e6);
+                static_cast<long long>(c.k), c.causal ? "yes" : (c.with_end ? "end" : "no"),
+                values ? "yes" : "no", med, bytes / med / 1e6);
     std::fflush(stdout);
     for (Call* call : {&timed, &decoy}) {
       if (call->exec != nullptr) cudaGraphExecDestroy(call->exec);

@@ -56,7 +56,8 @@ void baseline_topk(const TensorView& x, const TensorView& out_indices,
     const char* row = static_cast<const char*>(x.data) + b * x.strides[0] * elem;
     pairs.resize(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
-      pairs[static_cast<std::size_t>(i)] = {load_float(row, x.dtype, i), static_cast<std::int32_t>(i)};
+      pairs[static_cast<std::size_t>(i)] = {load_float(row, x.dtype, i),
+                                            static_cast<std::int32_t>(i)};
     }
     const auto first = pairs.begin(), kth = pairs.begin() + k;
     if (method == Baseline::kPartialSort) {

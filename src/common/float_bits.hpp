@@ -24,11 +24,14 @@ ATTNKIT_HD float bits_to_float(std::uint32_t u) {
   return f;
 }
 
-ATTNKIT_HD float bf16_bits_to_float(std::uint16_t h) { return bits_to_float(std::uint32_t{h} << 16); }
+ATTNKIT_HD float bf16_bits_to_float(std::uint16_t h) {
+  return bits_to_float(std::uint32_t{h} << 16);
+}
 
 ATTNKIT_HD std::uint16_t float_to_bf16_bits(float f) {
   std::uint32_t u = float_to_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+    return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // quiet NaN
   u += 0x7FFFu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
 }

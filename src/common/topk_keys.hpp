@@ -111,7 +111,8 @@ ATTNKIT_HD std::uint32_t score_pair_of(std::uint32_t w, ScoreParams p) {
   const std::uint32_t neg = negative & (Traits::kMag * kHalves);
   // Per half: SIGN + mag, or SIGN + (mag ^ kMag) - kMag = SIGN - mag; each half's result lies
   // in [1, 0xFFFF] (NaN included), so no carry or borrow crosses from one half to the other.
-  const std::uint32_t asc = ((w ^ negative) & (Traits::kMag * kHalves)) + Traits::kSign * kHalves - neg;
+  const std::uint32_t asc =
+      ((w ^ negative) & (Traits::kMag * kHalves)) + Traits::kSign * kHalves - neg;
   // mag > INF exactly when mag + (kMag - INF) reaches the half's top bit (at most 0x83FE).
   const std::uint32_t nan =
       sign_fill_halves((w & (Traits::kMag * kHalves)) + (Traits::kMag - Traits::kInf) * kHalves);
@@ -155,7 +156,8 @@ ATTNKIT_HD std::uint32_t prefilter_bound_bits(std::uint32_t threshold, ScorePara
 template <class Traits>
 ATTNKIT_HD std::uint32_t prefilter_tight_bound_bits(std::uint32_t threshold, ScoreParams p,
                                                     bool& numbers_exact) {
-  const std::uint32_t best_asc = p.flip == 0 ? Traits::kSign + Traits::kInf : Traits::kSign - Traits::kInf;
+  const std::uint32_t best_asc =
+      p.flip == 0 ? Traits::kSign + Traits::kInf : Traits::kSign - Traits::kInf;
   numbers_exact = threshold < (best_asc ^ p.flip);
   if (numbers_exact) return prefilter_bound_bits<Traits>(threshold + 1u, p);
   return prefilter_bound_bits<Traits>(threshold, p);

@@ -164,7 +164,8 @@ ATTNKIT_HD bool filter_row_floored(std::int64_t k, std::int64_t len, std::int64_
 /// the sample.
 template <class Int>
 ATTNKIT_HD constexpr Int filter_sample_vector_as(Int s, Int vectors, int per_thread) {
-  const Int stretch = vectors / (static_cast<Int>(kFilterSampleThreads) * static_cast<Int>(per_thread));
+  const Int stretch =
+      vectors / (static_cast<Int>(kFilterSampleThreads) * static_cast<Int>(per_thread));
   return s * stretch + (s * 37) % stretch;
 }
 

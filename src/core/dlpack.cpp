@@ -45,8 +45,8 @@ DLDataType dl_from_dtype(DType d) {
     if (c.dtype == d) return DLDataType{c.code, c.bits, 1};
   }
   if (d == DType::kBool) return DLDataType{6, 8, 1};  // kDLBool
-  throw Error(ErrorCode::kDType,
-              "to_dlpack: dtype " + std::to_string(static_cast<int>(d)) + " is not an attnkit dtype");
+  throw Error(ErrorCode::kDType, "to_dlpack: dtype " + std::to_string(static_cast<int>(d)) +
+                                     " is not an attnkit dtype");
 }
 
 }  // namespace
@@ -109,7 +109,8 @@ DLTensor to_dlpack(TensorView& view) {
                                        " must be in [0, " + std::to_string(kMaxDims) + "]");
   }
   if (view.device.type != DeviceType::kCPU && view.device.type != DeviceType::kCUDA) {
-    throw Error(ErrorCode::kDevice, "to_dlpack: " + device_name(view.device) + " is not cpu or cuda");
+    throw Error(ErrorCode::kDevice,
+                "to_dlpack: " + device_name(view.device) + " is not cpu or cuda");
   }
   DLTensor t{};
   t.data = view.data;

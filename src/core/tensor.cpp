@@ -83,7 +83,9 @@ TensorView TensorView::make(void* data, DType dtype, Device device,
 namespace {
 /// The dimensions a view's arrays hold: ndim within [0, kMaxDims] (the checks refuse others,
 /// and name them through shape_str first).
-int held_dims(std::int32_t ndim) noexcept { return ndim < 0 ? 0 : ndim > kMaxDims ? kMaxDims : ndim; }
+int held_dims(std::int32_t ndim) noexcept {
+  return ndim < 0 ? 0 : ndim > kMaxDims ? kMaxDims : ndim;
+}
 }  // namespace
 
 void TensorView::set_compact_strides() noexcept {

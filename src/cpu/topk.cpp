@@ -391,7 +391,8 @@ std::uint32_t sampled_floor(const typename Traits::Bits* row, std::int64_t lo, s
                           static_cast<double>(len);
   const auto rank = static_cast<std::int64_t>(expected + 3.0 * std::sqrt(expected) + 2.0);
   if (rank >= size / 2) return kExcludedScore;  // the floor would filter too little to pay
-  if (c.sample.size() < static_cast<std::size_t>(size)) c.sample.resize(static_cast<std::size_t>(size));
+  if (c.sample.size() < static_cast<std::size_t>(size))
+    c.sample.resize(static_cast<std::size_t>(size));
   CpuFloorColumns columns(len, size);  // cpu_floor_sample_column(j, len, size), j = 0, 1, ...
   std::uint32_t least = ~0u, most = 0;
   for (std::int64_t j = 0; j < size; ++j) {
@@ -488,8 +489,10 @@ std::size_t scan_segment(const typename Traits::Bits* row, std::int64_t lo, std:
   // score is then >= F, so nothing below F could have been chosen. Fewer than k admitted
   // (a reconstruct never ran) means the sample misled: scan again from the bottom.
   const std::uint32_t floor = sampled_floor<Traits>(row, lo, hi, k, sp, c);
-  std::size_t n = filter_row<Traits>(row, lo, hi, k, sp, floor == kExcludedScore ? floor : floor - 1, c);
-  if (n < k && floor != kExcludedScore) n = filter_row<Traits>(row, lo, hi, k, sp, kExcludedScore, c);
+  std::size_t n =
+      filter_row<Traits>(row, lo, hi, k, sp, floor == kExcludedScore ? floor : floor - 1, c);
+  if (n < k && floor != kExcludedScore)
+    n = filter_row<Traits>(row, lo, hi, k, sp, kExcludedScore, c);
   if (n > k) {
     reconstruct(c, n, k, Traits::kBits);
     n = k;

@@ -216,7 +216,8 @@ TEST(ThreadPool, Resize) {
     ADD_FAILURE() << "resize(0) was accepted";
   } catch (const attnkit::Error& e) {
     EXPECT_EQ(e.code(), attnkit::ErrorCode::kValue);
-    EXPECT_NE(std::string(e.what()).find("n = 0 must be in [1, 4096]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("n = 0 must be in [1, 4096]"), std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(pool.size(), 2) << "a refused resize changed the pool";
   expect_each_index_once(pool, 777);

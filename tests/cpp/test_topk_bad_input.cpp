@@ -561,7 +561,8 @@ TEST_F(TopkBadInput, OutputsOverlapEachOther) {
   // out_values over the last bytes of out_indices.
   TopkTensors t = valid();
   t.out_values = TensorView::make(idx64_.at(kB * kK - 1), DType::kFloat32, kCpu, {kB, kK});
-  expect_error(t, options(), ErrorCode::kLayout, {"out_values (bytes [0x", ") overlaps out_indices (bytes [0x"});
+  expect_error(t, options(), ErrorCode::kLayout,
+               {"out_values (bytes [0x", ") overlaps out_indices (bytes [0x"});
 }
 
 TEST_F(TopkBadInput, OutputOverlapsInput) {
@@ -625,7 +626,8 @@ TEST(TopkOverlap, OutputsInTheSpareColumnsOfX) {
     });
     for (std::int64_t i = 0; i < kTake; ++i) {
       const std::int64_t want = cols[static_cast<std::size_t>(i)];
-      EXPECT_EQ(indices[static_cast<std::size_t>(b * kTake + i)], want) << "row " << b << " slot " << i;
+      EXPECT_EQ(indices[static_cast<std::size_t>(b * kTake + i)], want)
+          << "row " << b << " slot " << i;
       EXPECT_EQ(buffer[static_cast<std::size_t>(b * kWidth + kCols + i)], row[want]);
     }
     for (std::int64_t j = 0; j < kWidth; ++j) {  // x's columns and the unused ones untouched

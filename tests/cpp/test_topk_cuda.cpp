@@ -28,8 +28,12 @@ using attnkit::TensorView;
 const attnkit::Device kCpu{attnkit::DeviceType::kCPU, 0};
 const attnkit::Device kGpu{attnkit::DeviceType::kCUDA, 0};
 
-enum class Dist { kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa, kMostlyNan, kSampleBait, kMostlyNegInf, kSliceBait, kBands };
-constexpr int kDists = 13;  // the distributions every-distribution tests cycle (not kSliceBait, kBands)
+enum class Dist {
+  kNormal, kTiny, kHuge, kTies, kAllEqual, kAscending, kDescending, kSpecials, kRawBits, kDsa,
+  kMostlyNan, kSampleBait, kMostlyNegInf, kSliceBait, kBands
+};
+// The distributions every-distribution tests cycle (not kSliceBait, kBands).
+constexpr int kDists = 13;
 
 const char* dist_name(Dist d) {
   switch (d) {
@@ -69,8 +73,10 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
   std::vector<std::uint8_t> data(static_cast<std::size_t>(batch * stride) * elem + 64);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
-  const std::uint32_t nan = dtype == DType::kFloat32 ? 0x7FC00001u : (dtype == DType::kBFloat16 ? 0x7FC1u : 0x7E01u);
-  const std::uint32_t neg_nan = dtype == DType::kFloat32 ? 0xFFC00002u : (dtype == DType::kBFloat16 ? 0xFFC2u : 0xFE02u);
+  const std::uint32_t nan =
+      dtype == DType::kFloat32 ? 0x7FC00001u : (dtype == DType::kBFloat16 ? 0x7FC1u : 0x7E01u);
+  const std::uint32_t neg_nan =
+      dtype == DType::kFloat32 ? 0xFFC00002u : (dtype == DType::kBFloat16 ? 0xFFC2u : 0xFE02u);
   const std::uint32_t denorm = dtype == DType::kFloat32 ? 0x00000003u : 0x0003u;
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t i = 0; i < stride; ++i) {
@@ -86,10 +92,15 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
         case Dist::kDescending: bits = to_bits(dtype, -static_cast<float>(i) * 0.25f); break;
         case Dist::kSpecials: {
           const std::uint64_t r = rng() % 16;
-          bits = r == 0 ? nan : r == 1 ? neg_nan : r == 2 ? to_bits(dtype, INFINITY)
-               : r == 3 ? to_bits(dtype, -INFINITY) : r == 4 ? denorm : r == 5 ? (denorm | (dtype == DType::kFloat32 ? 0x80000000u : 0x8000u))
-               : r == 6 ? 0u : r == 7 ? (dtype == DType::kFloat32 ? 0x80000000u : 0x8000u)
-               : to_bits(dtype, normal(rng));
+          bits = r == 0   ? nan
+                 : r == 1 ? neg_nan
+                 : r == 2 ? to_bits(dtype, INFINITY)
+                 : r == 3 ? to_bits(dtype, -INFINITY)
+                 : r == 4 ? denorm
+                 : r == 5 ? (denorm | (dtype == DType::kFloat32 ? 0x80000000u : 0x8000u))
+                 : r == 6 ? 0u
+                 : r == 7 ? (dtype == DType::kFloat32 ? 0x80000000u : 0x8000u)
+                          : to_bits(dtype, normal(rng));
           break;
         }
         case Dist::kRawBits: bits = static_cast<std::uint32_t>(rng()); break;
@@ -125,7 +136,8 @@ std::vector<std::uint8_t> make_rows(DType dtype, std::int64_t batch, std::int64_
         case Dist::kBands: {  // row b: the bit patterns of 1.0 and the next W - 1 numbers,
                               // W cycling through widths that give the scores' range every
                               // number of significant bits around the select's 8-bit digits
-          constexpr std::uint32_t kWidths[] = {1, 2, 200, 256, 257, 3001, 65537, (1u << 20) + 3, 1u << 23};
+          constexpr std::uint32_t kWidths[] = {
+              1, 2, 200, 256, 257, 3001, 65537, (1u << 20) + 3, 1u << 23};
           const std::uint32_t w = kWidths[b % 9];
           const std::uint32_t one = to_bits(dtype, 1.0f);
           bits = one + static_cast<std::uint32_t>(rng() % (elem == 4 ? w : std::min(w, 0x3000u)));
@@ -193,7 +205,8 @@ struct Result {
 template <class T>
 T* device_copy(const std::vector<T>& host) {
   T* d = nullptr;
-  if (cudaMalloc(&d, std::max<std::size_t>(1, host.size() * sizeof(T))) != cudaSuccess) return nullptr;
+  if (cudaMalloc(&d, std::max<std::size_t>(1, host.size() * sizeof(T))) != cudaSuccess)
+    return nullptr;
   cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
   return d;
 }
@@ -205,7 +218,8 @@ Result run_case(const Case& c, const std::vector<std::uint8_t>& rows,
                 attnkit::TopkBackend backend, bool graph = false) {
   const std::size_t elem = attnkit::dtype_size(c.dtype);
   const std::int64_t stride = c.n + c.pad, out_stride = c.k + c.out_pad;
-  const std::size_t out_elems = static_cast<std::size_t>(std::max<std::int64_t>(c.batch * out_stride, 1));
+  const std::size_t out_elems =
+      static_cast<std::size_t>(std::max<std::int64_t>(c.batch * out_stride, 1));
   const std::size_t idx_size = c.int32_indices ? 4 : 8;
   std::vector<std::uint8_t> values(out_elems * elem, 0xAB);  // poison: every slot must be written
   std::vector<std::uint8_t> indices(out_elems * idx_size, 0xCD);
@@ -213,7 +227,8 @@ Result run_case(const Case& c, const std::vector<std::uint8_t>& rows,
   const bool gpu = device.type == attnkit::DeviceType::kCUDA;
   void* x_ptr = const_cast<std::uint8_t*>(rows.data());
   void *v_ptr = values.data(), *i_ptr = indices.data();
-  void *b_ptr = const_cast<std::int32_t*>(begin.data()), *e_ptr = const_cast<std::int32_t*>(end.data());
+  void *b_ptr = const_cast<std::int32_t*>(begin.data()),
+       *e_ptr = const_cast<std::int32_t*>(end.data());
   void* o_ptr = const_cast<std::int64_t*>(offset.data());
   if (gpu) {
     x_ptr = device_copy(rows);
@@ -229,7 +244,8 @@ Result run_case(const Case& c, const std::vector<std::uint8_t>& rows,
   if (!begin.empty()) t.begin = TensorView::make(b_ptr, DType::kInt32, device, {c.batch});
   if (!end.empty()) t.end = TensorView::make(e_ptr, DType::kInt32, device, {c.batch});
   if (!offset.empty()) t.index_offset = TensorView::make(o_ptr, DType::kInt64, device, {c.batch});
-  if (c.values) t.out_values = TensorView::make(v_ptr, c.dtype, device, {c.batch, c.k}, {out_stride, 1});
+  if (c.values)
+    t.out_values = TensorView::make(v_ptr, c.dtype, device, {c.batch, c.k}, {out_stride, 1});
   t.out_indices = TensorView::make(i_ptr, c.int32_indices ? DType::kInt32 : DType::kInt64, device,
                                    {c.batch, c.k}, {out_stride, 1});
   attnkit::TopkOptions o;
@@ -285,8 +301,9 @@ Result run_case(const Case& c, const std::vector<std::uint8_t>& rows,
         std::memcpy(&v, indices.data() + at * 8, 8);
         r.indices.push_back(v);
       }
-      if (c.values) r.values.insert(r.values.end(), values.begin() + static_cast<std::ptrdiff_t>(at * elem),
-                                    values.begin() + static_cast<std::ptrdiff_t>((at + 1) * elem));
+      if (c.values)
+        r.values.insert(r.values.end(), values.begin() + static_cast<std::ptrdiff_t>(at * elem),
+                        values.begin() + static_cast<std::ptrdiff_t>((at + 1) * elem));
     }
   }
   return r;
@@ -301,14 +318,20 @@ void canonicalise(const Case& c, Result& r) {
     for (std::int64_t j = 0; j < c.k; ++j) {
       const std::size_t at = static_cast<std::size_t>(b * c.k + j);
       std::vector<std::uint8_t> v;
-      if (c.values) v.assign(r.values.begin() + static_cast<std::ptrdiff_t>(at * elem), r.values.begin() + static_cast<std::ptrdiff_t>((at + 1) * elem));
+      if (c.values)
+        v.assign(r.values.begin() + static_cast<std::ptrdiff_t>(at * elem),
+                 r.values.begin() + static_cast<std::ptrdiff_t>((at + 1) * elem));
       row.emplace_back(r.indices[at], v);
     }
-    std::stable_sort(row.begin(), row.end(), [](const auto& a, const auto& d) { return a.first < d.first; });
+    std::stable_sort(row.begin(), row.end(),
+                     [](const auto& a, const auto& d) { return a.first < d.first; });
     for (std::int64_t j = 0; j < c.k; ++j) {
       const std::size_t at = static_cast<std::size_t>(b * c.k + j);
       r.indices[at] = row[static_cast<std::size_t>(j)].first;
-      if (c.values) std::copy(row[static_cast<std::size_t>(j)].second.begin(), row[static_cast<std::size_t>(j)].second.end(), r.values.begin() + static_cast<std::ptrdiff_t>(at * elem));
+      if (c.values)
+        std::copy(row[static_cast<std::size_t>(j)].second.begin(),
+                  row[static_cast<std::size_t>(j)].second.end(),
+                  r.values.begin() + static_cast<std::ptrdiff_t>(at * elem));
     }
   }
 }
@@ -333,7 +356,8 @@ void check_case(const Case& c, bool graph = false) {
     }
   }
   if (c.offset) {
-    for (std::int64_t b = 0; b < c.batch; ++b) offset.push_back(static_cast<std::int64_t>(rng() % 100000) - 50000);
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      offset.push_back(static_cast<std::int64_t>(rng() % 100000) - 50000);
   }
   // Expected: the CPU reference for small problems, the CPU fast path (itself held to the
   // reference by the CPU suite) for large ones.
@@ -353,8 +377,9 @@ void check_case(const Case& c, bool graph = false) {
   std::int64_t bad = 0;
   for (std::size_t i = 0; i < want.indices.size() && bad < 5; ++i) {
     if (want.indices[i] != got.indices[i]) {
-      ADD_FAILURE() << "row " << static_cast<std::int64_t>(i) / c.k << " slot " << static_cast<std::int64_t>(i) % c.k
-                    << ": index " << got.indices[i] << ", expected " << want.indices[i];
+      ADD_FAILURE() << "row " << static_cast<std::int64_t>(i) / c.k << " slot "
+                    << static_cast<std::int64_t>(i) % c.k << ": index " << got.indices[i]
+                    << ", expected " << want.indices[i];
       ++bad;
     }
   }
@@ -648,7 +673,8 @@ TEST_F(TopkCuda, SmallDistributionsLongRows) {
         c.nan = seed % 3 == 0 ? attnkit::NanPolicy::kIgnore : attnkit::NanPolicy::kLargest;
         c.dist = static_cast<Dist>(d);
         c.batch = 3;
-        const bool filter = (seed + static_cast<std::uint64_t>(d)) % 3 == 0;  // a third of the cases
+        // A third of the cases.
+        const bool filter = (seed + static_cast<std::uint64_t>(d)) % 3 == 0;
         c.n = filter ? 270000 : 20000 + static_cast<std::int64_t>(seed % 5);
         c.k = k;
         c.order = k == 300 ? attnkit::TopkOrder::kValue : attnkit::TopkOrder::kNone;
@@ -739,7 +765,8 @@ TEST_F(TopkCuda, FilterSampledFloorDistributions) {
 // and the bait (the best values at the sampled vectors) sends rows to the rescan. Split by
 // width so that the sanitizers can take the shorter fp32 rows alone.
 void check_small_room_rows(DType dtype, std::int64_t n, std::int64_t k, std::uint64_t seed) {
-  for (Dist d : {Dist::kNormal, Dist::kAscending, Dist::kDescending, Dist::kTies, Dist::kSampleBait}) {
+  for (Dist d :
+       {Dist::kNormal, Dist::kAscending, Dist::kDescending, Dist::kTies, Dist::kSampleBait}) {
     Case c;
     c.dtype = dtype;
     c.batch = rows_past_sms();
@@ -894,7 +921,8 @@ TEST_F(TopkCuda, SamplingShapes) {
 
 TEST_F(TopkCuda, AdversarialOrderAndTies) {
   std::uint64_t seed = 1700;
-  for (Dist d : {Dist::kAscending, Dist::kDescending, Dist::kTies, Dist::kAllEqual, Dist::kRawBits}) {
+  for (Dist d :
+       {Dist::kAscending, Dist::kDescending, Dist::kTies, Dist::kAllEqual, Dist::kRawBits}) {
     for (std::int64_t k : {7, 2048, 4096}) {
       Case c;
       c.dtype = DType::kBFloat16;

@@ -65,7 +65,8 @@ std::vector<TopkCase> sweep_cases(std::uint64_t seed, std::initializer_list<Dist
                                   std::initializer_list<std::int64_t> sizes = {}) {
   std::vector<TopkCase> cases;
   const std::vector<std::int64_t> ns =
-      sizes.size() > 0 ? std::vector<std::int64_t>(sizes) : std::vector<std::int64_t>(std::begin(kSizes), std::end(kSizes));
+      sizes.size() > 0 ? std::vector<std::int64_t>(sizes)
+                       : std::vector<std::int64_t>(std::begin(kSizes), std::end(kSizes));
   for (DType dtype : kFloatDTypes) {
     for (Dist dist : dists) {
       for (std::int64_t n : ns) {

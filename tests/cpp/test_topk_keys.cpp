@@ -39,7 +39,8 @@ void expect_pairs_match_singles(ScoreParams sp) {
     for (std::uint32_t other : partners) {
       const std::uint32_t lo = score_pair_of<Traits>(other << 16 | x, sp);
       const std::uint32_t hi = score_pair_of<Traits>(x << 16 | other, sp);
-      const std::uint32_t want_x = score_of<Traits>(x, sp), want_other = score_of<Traits>(other, sp);
+      const std::uint32_t want_x = score_of<Traits>(x, sp),
+                          want_other = score_of<Traits>(other, sp);
       if (lo != (want_other << 16 | want_x) || hi != (want_x << 16 | want_other)) {
         ADD_FAILURE() << std::hex << "x=0x" << x << " other=0x" << other << " pair(lo)=0x" << lo
                       << " pair(hi)=0x" << hi << " score_of: 0x" << want_x << ", 0x" << want_other;
@@ -53,8 +54,10 @@ TEST(TopkKeys, PairScoresEqualSingleScores) {
   for (bool largest : {true, false}) {
     for (bool ignore_nan : {false, true}) {
       SCOPED_TRACE(testing::Message() << "largest=" << largest << " ignore_nan=" << ignore_nan);
-      expect_pairs_match_singles<BFloat16Traits>(make_score_params<BFloat16Traits>(largest, ignore_nan));
-      expect_pairs_match_singles<Float16Traits>(make_score_params<Float16Traits>(largest, ignore_nan));
+      expect_pairs_match_singles<BFloat16Traits>(
+          make_score_params<BFloat16Traits>(largest, ignore_nan));
+      expect_pairs_match_singles<Float16Traits>(
+          make_score_params<Float16Traits>(largest, ignore_nan));
     }
   }
 }
@@ -72,7 +75,8 @@ TEST(TopkKeys, Bf16ScoresOrderAsFloats) {
   for (std::uint32_t a = 0; a <= 0xFFFFu; a += 64) {
     for (std::uint32_t b = 0; b <= 0xFFFFu; b += 61) {
       const float x = bf16_to_float(a), y = bf16_to_float(b);
-      const std::uint32_t sx = score_of<BFloat16Traits>(a, sp), sy = score_of<BFloat16Traits>(b, sp);
+      const std::uint32_t sx = score_of<BFloat16Traits>(a, sp),
+                          sy = score_of<BFloat16Traits>(b, sp);
       if (std::isnan(x) || std::isnan(y)) {
         if (std::isnan(x) && std::isnan(y)) {
           ASSERT_EQ(sx, sy) << std::hex << a << " " << b;
@@ -153,7 +157,8 @@ void expect_exact_bound(std::uint32_t t, ScoreParams sp, ToFloat to_float, const
   const bool largest = sp.flip == 0;
   bool exact = false;
   const std::uint32_t bits = prefilter_tight_bound_bits<Traits>(t, sp, exact);
-  ASSERT_EQ(exact, t < best_number_score) << std::hex << "threshold=0x" << t << " largest=" << largest;
+  ASSERT_EQ(exact, t < best_number_score)
+      << std::hex << "threshold=0x" << t << " largest=" << largest;
   if (!exact) {
     ASSERT_EQ(bits, prefilter_bound_bits<Traits>(t, sp)) << std::hex << "threshold=0x" << t;
     return;
@@ -192,8 +197,12 @@ void expect_exact_bounds_16(bool largest, ToFloat to_float, std::uint32_t best_p
 }
 
 TEST(TopkKeys, ExactBoundDecidesEvery16BitNumber) {
-  const auto bf16 = [](std::uint32_t b) { return attnkit::detail::bf16_bits_to_float(static_cast<std::uint16_t>(b)); };
-  const auto f16 = [](std::uint32_t b) { return attnkit::detail::f16_bits_to_float(static_cast<std::uint16_t>(b)); };
+  const auto bf16 = [](std::uint32_t b) {
+    return attnkit::detail::bf16_bits_to_float(static_cast<std::uint16_t>(b));
+  };
+  const auto f16 = [](std::uint32_t b) {
+    return attnkit::detail::f16_bits_to_float(static_cast<std::uint16_t>(b));
+  };
   for (bool largest : {true, false}) {
     SCOPED_TRACE(testing::Message() << "largest=" << largest);
     // The best number: +inf when largest, -inf when smallest.
@@ -207,7 +216,8 @@ TEST(TopkKeys, ExactBoundDecidesEvery16BitNumber) {
 /// sign or class.
 TEST(TopkKeys, ExactBoundDecidesFloat32Numbers) {
   std::vector<std::uint32_t> xs;
-  for (std::uint64_t x = 0; x <= 0xFFFFFFFFu; x += 0x100003u) xs.push_back(static_cast<std::uint32_t>(x));
+  for (std::uint64_t x = 0; x <= 0xFFFFFFFFu; x += 0x100003u)
+    xs.push_back(static_cast<std::uint32_t>(x));
   for (std::uint32_t edge : {0x0u, 0x800000u, 0x7F800000u}) {
     for (std::uint32_t d = 0; d < 3; ++d) {
       for (std::uint32_t sign : {0x0u, 0x80000000u}) {

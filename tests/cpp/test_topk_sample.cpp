@@ -99,10 +99,10 @@ TEST(TopkSample, CpuRowFlooredBounds) {
 }
 
 TEST(TopkSample, FilterSampleOnePerStretchInsideTheRange) {
-  for (std::int64_t vectors : {kFilterSampleMinVectors, kFilterSampleMinVectors + 1,
-                               kFilterSampleMinVectors + 255, std::int64_t{4500}, std::int64_t{9000},
-                               std::int64_t{131072} / 8 + 3, std::int64_t{1} << 21,
-                               (std::int64_t{1} << 28) - 1}) {
+  for (std::int64_t vectors :
+       {kFilterSampleMinVectors, kFilterSampleMinVectors + 1, kFilterSampleMinVectors + 255,
+        std::int64_t{4500}, std::int64_t{9000}, std::int64_t{131072} / 8 + 3, std::int64_t{1} << 21,
+        (std::int64_t{1} << 28) - 1}) {
     const std::int64_t stretch = vectors / kFilterSampleThreads;
     for (int t = 0; t < kFilterSampleThreads; ++t) {
       const std::int64_t v = filter_sample_vector(t, vectors);
@@ -170,8 +170,8 @@ TEST(TopkSample, FilterSeveralVectorsAThreadOnePerStretch) {
 // The kernel's 32-bit form names the same vectors (ranges below 2^31 elements).
 TEST(TopkSample, FilterSampleVector32MatchesTheWideForm) {
   for (int per_thread : {1, 2, 4, 8}) {
-    for (std::int64_t vectors : {std::int64_t{4500}, std::int64_t{131072} + 5, std::int64_t{1} << 24,
-                                 (std::int64_t{1} << 31) / 4 - 1}) {
+    for (std::int64_t vectors : {std::int64_t{4500}, std::int64_t{131072} + 5,
+                                 std::int64_t{1} << 24, (std::int64_t{1} << 31) / 4 - 1}) {
       const std::int64_t samples = std::int64_t{kFilterSampleThreads} * per_thread;
       for (std::int64_t s = 0; s < samples; ++s) {
         ASSERT_EQ(filter_sample_vector32(static_cast<std::uint32_t>(s),
@@ -200,7 +200,8 @@ TEST(TopkSample, FilterSamplesPerThreadFollowsTheExpectedCount) {
   EXPECT_EQ(filter_samples_per_thread(1, 36000, 4500, 8, slots), 1);
   EXPECT_EQ(filter_samples_per_thread(1, 32000, 8000, 4, slots), 1);
   for (std::int64_t k : {1, 7, 64, 512, 4096}) {
-    for (std::int64_t vectors : {kFilterSampleMinVectors, std::int64_t{1} << 17, std::int64_t{1} << 25}) {
+    for (std::int64_t vectors :
+         {kFilterSampleMinVectors, std::int64_t{1} << 17, std::int64_t{1} << 25}) {
       for (int vec : {4, 8}) {
         const int m = filter_samples_per_thread(k, vectors * vec, vectors, vec, slots);
         EXPECT_GE(m, 1);

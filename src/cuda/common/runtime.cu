@@ -23,7 +23,8 @@ cudaMemPool_t pool_for(int device) {
   static std::mutex mutex;
   static std::vector<cudaMemPool_t> pools;
   std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(pools.size()) <= device) pools.resize(static_cast<std::size_t>(device) + 1, nullptr);
+  if (static_cast<int>(pools.size()) <= device)
+    pools.resize(static_cast<std::size_t>(device) + 1, nullptr);
   if (pools[static_cast<std::size_t>(device)] == nullptr) {
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;

@@ -40,7 +40,8 @@ __device__ __forceinline__ std::uint32_t* dynamic_smem() {
 /// them with shared loads rather than generic ones.
 __device__ __forceinline__ std::uint32_t* as_shared(std::uint32_t* p) {
   const std::size_t words =
-      (__cvta_generic_to_shared(p) - __cvta_generic_to_shared(dynamic_smem())) / sizeof(std::uint32_t);
+      (__cvta_generic_to_shared(p) - __cvta_generic_to_shared(dynamic_smem())) /
+      sizeof(std::uint32_t);
   return dynamic_smem() + words;
 }
 
@@ -63,7 +64,8 @@ __device__ __forceinline__ void publish_pivot(SelectScratch<kThreads>& s, std::u
     const int lane = static_cast<int>(threadIdx.x);
     uint4* bins = reinterpret_cast<uint4*>(s.hist + 248 - 8 * lane);
     const uint4 lo4 = bins[0], hi4 = bins[1];
-    const std::uint32_t c[8] = {hi4.w, hi4.z, hi4.y, hi4.x, lo4.w, lo4.z, lo4.y, lo4.x};  // digit desc.
+    // Digits descending.
+    const std::uint32_t c[8] = {hi4.w, hi4.z, hi4.y, hi4.x, lo4.w, lo4.z, lo4.y, lo4.x};
     std::uint32_t count = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) count += c[j];

@@ -141,7 +141,8 @@ __device__ __forceinline__ void clear_shared(std::uint32_t* p) {
 
 template <bool kClustered>
 struct ClusterScratch {
-  alignas(16) std::uint32_t hist[2][kShortBins];  // digit counts of the row, alternating between passes
+  // Digit counts of the row, alternating between passes.
+  alignas(16) std::uint32_t hist[2][kShortBins];
   std::uint32_t local[kClustered ? kShortBins : 1];  // this CTA's counts, before they are pooled
   std::uint32_t cta_greater[kMaxClusterCtas];  // kept-element counts of each cluster CTA
   std::uint32_t cta_equal[kMaxClusterCtas];
@@ -354,7 +355,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
   // have one call site: code this kernel fetches after every flush costs time even where it
   // does not run.
   std::uint32_t range_lo = 1u, range_hi = Traits::kMask, need = sample_need;
-  std::uint32_t kth = kExcludedScore, keep_equal = 0;  // kept: score > kth, or == kth (first keep_equal)
+  // Kept: score > kth, or == kth (the first keep_equal of them).
+  std::uint32_t kth = kExcludedScore, keep_equal = 0;
   int shift = kTopShift;  // without a floor: the top digits first
   constexpr std::uint32_t last = kShortBins - 1;
   bool first = true;  // the first select pass of floor_score
@@ -406,7 +408,8 @@ __global__ void __launch_bounds__(kThreads, kThreads >= 512 ? 1 : Traits::kBits 
     const std::uint32_t d = s.pivot.digit;
     const std::uint32_t bin_lo = range_lo + (d << shift);
     const std::uint32_t width = (1u << shift) - 1u;  // the bin's span, less one
-    const std::uint32_t bin_hi = d == last || range_hi - bin_lo <= width ? range_hi : bin_lo + width;
+    const std::uint32_t bin_hi =
+        d == last || range_hi - bin_lo <= width ? range_hi : bin_lo + width;
     const std::uint32_t in_bin = s.pivot.count;
     need = s.pivot.need;
     range_lo = bin_lo;

@@ -361,7 +361,8 @@ struct FilterEngine {
       for (int i = 0; i < kFilterSampleMaxPerThread; ++i) {
         const std::uint32_t s = threadIdx.x + i * kFilterSampleThreads;
         if (i < per_thread) {
-          v[i] = __ldg(vec + filter_sample_vector32(s, static_cast<std::uint32_t>(vectors), per_thread));
+          v[i] = __ldg(vec +
+                       filter_sample_vector32(s, static_cast<std::uint32_t>(vectors), per_thread));
         }
       }
 #pragma unroll
@@ -369,7 +370,8 @@ struct FilterEngine {
         const std::uint32_t s = threadIdx.x + i * kFilterSampleThreads;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          if (i < per_thread) sample.key[s * kVec + j] = score_of<Traits>(vector_element<kVec>(v[i], j), sp);
+          if (i < per_thread)
+            sample.key[s * kVec + j] = score_of<Traits>(vector_element<kVec>(v[i], j), sp);
         }
       }
     }
@@ -695,11 +697,14 @@ __device__ bool stream_row(FilterEngine<Traits, kThreads, kRolled>& e,
 #pragma unroll
               for (int u = 0; u < kU; ++u) {
 #pragma unroll
-                for (int j = 0; j < kVec; ++j) any_nan |= is_nan_bits<Traits>(vector_element<kVec>(cur[u], j));
+                for (int j = 0; j < kVec; ++j)
+                  any_nan |= is_nan_bits<Traits>(vector_element<kVec>(cur[u], j));
               }
             }
             e.template append_all<kU, kVec>(
-                [&](int u, int j) { return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp); },
+                [&](int u, int j) {
+                  return score_of<Traits>(vector_element<kVec>(cur[u], j), e.sp);
+                },
                 col_of);
             continue;
           }
@@ -821,7 +826,8 @@ __device__ __forceinline__ void write_kept(const TopkKernelParams& p, std::int64
   using Bits = typename Traits::Bits;
   const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
   Index* indices = static_cast<Index*>(p.indices) + b * p.indices_row_stride;
-  Bits* values = p.values != nullptr ? static_cast<Bits*>(p.values) + b * p.values_row_stride : nullptr;
+  Bits* values =
+      p.values != nullptr ? static_cast<Bits*>(p.values) + b * p.values_row_stride : nullptr;
   for (std::uint32_t j = threadIdx.x; j < n; j += kThreads) {
     const std::uint32_t col = col_at(j);
     if constexpr (sizeof(Index) == 8) {
@@ -1044,7 +1050,8 @@ __global__ void __launch_bounds__(kThreads, 1) topk_merge_kernel(const TopkKerne
         const std::uint32_t i = i0 + j;
         if (i < total) {
           while (i >= first[slice + 1]) ++slice;
-          const std::int64_t at = static_cast<std::int64_t>(slice) * p.slot_stride + (i - first[slice]);
+          const std::int64_t at =
+              static_cast<std::int64_t>(slice) * p.slot_stride + (i - first[slice]);
           key[j] = keys[at];
           col[j] = cols[at];
           mask[0] |= key[j] > e.threshold ? 1u << j : 0u;
