@@ -791,10 +791,10 @@ def run(args, json_to_stdout: bool = False) -> int:
     else:
         print(f"Median of {_count(repeats, 'run')} after {_count(args.warmup, 'warm-up')}; "
               f"{threads} thread(s) for every method (std baselines on attnkit's pool, "
-              f"parallel over rows; argpartition over row chunks). GB/s = (valid input bytes + values and int64 "
-              f"indices written) / attnkit time. 'vs X' = time of X / time of attnkit. "
-              f"Baselines read whole rows (causal rows masked with -inf); bf16 rows are "
-              f"widened to fp32 for argpartition. Every attnkit result is compared with the "
+              f"parallel over rows; argpartition over row chunks). GB/s = (valid input bytes "
+              f"+ values and int64 indices written) / attnkit time. 'vs X' = time of X / time "
+              f"of attnkit. Baselines read whole rows (causal rows masked with -inf); bf16 rows "
+              f"are widened to fp32 for argpartition. Every attnkit result is compared with the "
               f"reference backend: indices exactly, values bit for bit.", file=out)
     issue = _issue_lines(timed, device)
     if issue:

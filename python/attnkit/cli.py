@@ -250,7 +250,8 @@ def load_npy(path: str, what: str, allowed: Sequence[str], ranks: Sequence[int])
                     a = np.load(f, allow_pickle=False)
                 else:  # as many bytes as the header asks for, as from a file, and no more
                     a = np.lib.format.read_array(_Unread(magic, f), allow_pickle=False)
-            except Exception as e:  # numpy raises ValueError, OSError or EOFError for broken headers
+            # numpy raises ValueError, OSError or EOFError for broken headers.
+            except Exception as e:
                 why = _one_line(e)
                 # numpy's message for a header that is not a literal quotes a parser's node or
                 # token position.

@@ -331,7 +331,8 @@ def topk(
     limits lifted: any k, any N up to 2^31 - 1, any stride, checked ``end``, no trap on NaN.
     The output is deterministic. With torch tensors the op runs on torch's current CUDA stream;
     inside ``torch.compile``, ``torch.jit.trace``, dispatch modes and ``torch.func.vmap`` it
-    dispatches to ``torch.ops.attnkit.topk`` (see ``attnkit.torch``). Algorithm and measured speed: docs/topk.md.
+    dispatches to ``torch.ops.attnkit.topk`` (see ``attnkit.torch``). Algorithm and measured
+    speed: docs/topk.md.
 
     Examples
     --------
@@ -524,7 +525,8 @@ def topk(
         make_values = x_dtype
     made_indices, made_values = make_indices is not None, make_values is not None
     if (made_indices or made_values) and math.prod(out_shape) >= _CHECK_BEFORE_ALLOCATING:
-        _ext.topk_check_inputs(x_view, *inputs, *options)  # bad input named before a large allocation
+        # Bad input is named before a large allocation.
+        _ext.topk_check_inputs(x_view, *inputs, *options)
         _check_host_memory(x, out_shape, k, make_indices, make_values)
     indices_view = values_view = None
     if made_indices or made_values:

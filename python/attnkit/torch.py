@@ -234,13 +234,15 @@ def _backward(ctx, grad_values, grad_indices):
     # Real slots are the first min(k, selectable) of each row, whatever their indices hold
     # (a real index may equal index_fill): the same count the kernels pad after.
     hi = (end.long() if end is not None else torch.full((rows,), n, device=idx.device)).clamp(0, n)
-    lo = torch.minimum((begin.long() if begin is not None else torch.zeros_like(hi)).clamp(min=0), hi)
+    lo = begin.long() if begin is not None else torch.zeros_like(hi)
+    lo = torch.minimum(lo.clamp(min=0), hi)
     selectable = hi - lo
     if ctx.nan_ignored:
         col = torch.arange(n, device=idx.device)
         in_range = (col >= lo[:, None]) & (col < hi[:, None])
         selectable = selectable - (torch.isnan(x.reshape(rows, n)) & in_range).sum(-1)
-    real = torch.arange(idx.shape[-1], device=idx.device)[None, :] < selectable.clamp(max=ctx.k)[:, None]
+    slot = torch.arange(idx.shape[-1], device=idx.device)
+    real = slot[None, :] < selectable.clamp(max=ctx.k)[:, None]
     cols = idx - index_offset.long()[:, None] if index_offset is not None else idx
     if indices.dtype == torch.int32:  # int32 indices wrap: undo the offset modulo 2^32
         cols = cols & 0xFFFFFFFF
