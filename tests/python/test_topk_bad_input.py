@@ -236,10 +236,10 @@ CASES = [
         ("out_values.stride(-1) = 3",), add_outputs=False),
     Bad("outputs_overlap_each_other", _overlapping_outputs, ValueError,
         ("out_values (bytes [0x", ") overlaps out_indices (bytes [0x"), add_outputs=False),
-    Bad("out_values_overlaps_x", _out_overlaps_x, ValueError, ("out_values (bytes", ") overlaps x (bytes"),
-        add_outputs=False),
-    Bad("out_indices_overlaps_end", _out_overlaps_end, ValueError, ("out_indices (bytes", ") overlaps end (bytes"),
-        add_outputs=False),
+    Bad("out_values_overlaps_x", _out_overlaps_x, ValueError,
+        ("out_values (bytes", ") overlaps x (bytes"), add_outputs=False),
+    Bad("out_indices_overlaps_end", _out_overlaps_end, ValueError,
+        ("out_indices (bytes", ") overlaps end (bytes"), add_outputs=False),
     Bad("out_indices_overlaps_index_offset", _out_overlaps_index_offset, ValueError,
         ("out_indices (bytes", ") overlaps index_offset (bytes"), add_outputs=False),
     # fills and options
@@ -355,7 +355,8 @@ def test_outputs_in_the_spare_columns_of_x():
     assert_same_result((v, i), topk_reference(before[:, :N], K, sorted="value"), "spare columns")
     assert np.array_equal(bits(base[:, :N]), bits(before[:, :N]))
     assert np.array_equal(bits(base[:, N + K:]), bits(before[:, N + K:]))
-    with pytest.raises(ValueError, match=r"out_values \(bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\)\) overlaps x \(bytes"):
+    overlap = r"out_values \(bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\)\) overlaps x \(bytes"
+    with pytest.raises(ValueError, match=overlap):
         attnkit.topk(x, K, out_values=base[:, N - 1:N - 1 + K],
                      out_indices=np.empty((B, K), np.int64))
 
@@ -812,7 +813,8 @@ def test_a_loaded_bfloat16_npy_gets_a_hint(tmp_path):
 @pytest.mark.parametrize("arg", ["largest", "return_values"])
 @pytest.mark.parametrize("value", [1, 0, "yes", None])
 def test_bool_options_take_bools_only(arg, value):
-    with pytest.raises(TypeError, match=rf"topk: {arg} = {re.escape(repr(value))}; expected a bool"):
+    message = rf"topk: {arg} = {re.escape(repr(value))}; expected a bool"
+    with pytest.raises(TypeError, match=message):
         attnkit.topk(np.ones((1, 4), np.float32), 1, **{arg: value})
 
 

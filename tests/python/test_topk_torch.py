@@ -1089,8 +1089,8 @@ def test_caller_buffers_under_functionalize_are_refused_by_name():
         attnkit.topk(x, 3, out_indices=out, return_values=False)
         return out
 
-    with pytest.raises(NotImplementedError,
-                       match="out_values/out_indices cannot be used under torch.func.functionalize"):
+    message = "out_values/out_indices cannot be used under torch.func.functionalize"
+    with pytest.raises(NotImplementedError, match=message):
         torch.func.functionalize(f)(torch.randn(2, 10))
     g = torch.func.functionalize(lambda x: attnkit.topk(x, 3).indices)
     x = torch.randn(2, 10, generator=torch.Generator().manual_seed(6))
