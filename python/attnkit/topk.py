@@ -97,8 +97,9 @@ def _check_tensor_number(name: str, t: Any) -> None:
     make_fx), and read with torch.jit.trace's warning under it, as torch's own conversions warn:
     the trace keeps the value it read."""
     import torch
+    from torch._subclasses.fake_tensor import is_fake
 
-    if t.device.type == "meta" or _fake(t):
+    if t.device.type == "meta" or is_fake(t):
         raise TypeError(f"topk: {name} is a tensor without a value to read (on the meta device, "
                         f"or traced); pass a Python number")
     if torch._C._is_tracing():
@@ -583,13 +584,6 @@ def _platform_code_note(dtype: Any) -> str:
         return ""
     return (" (a code whose size depends on the platform is refused: spell it 'int32', "
             "'int64', 'i4' or 'i8')")
-
-
-def _fake(t: Any) -> bool:
-    """Whether torch tensor t has no data to read (a fake tensor of torch.export or make_fx)."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t)
 
 
 def _recorded(torch: Any) -> bool:

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/check_util.hpp"
 
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -10,6 +11,12 @@ namespace attnkit::detail {
 
 void fail(ErrorCode code, const char* op, const std::string& message) {
   throw Error(code, std::string(op) + ": " + message);
+}
+
+std::string hex_address(std::uintptr_t address) {
+  char text[2 + 2 * sizeof address + 1];
+  std::snprintf(text, sizeof text, "%#" PRIxPTR, address);
+  return text;
 }
 
 std::string shape_with_names(std::initializer_list<const char*> names,
@@ -122,10 +129,8 @@ void check_element_aligned(const char* op, const char* arg, const TensorView& t)
   const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
   const std::size_t elem = dtype_size(t.dtype);
   if (t.numel() > 0 && elem != 0 && addr % elem != 0) {
-    char address[32];
-    std::snprintf(address, sizeof address, "%#llx", static_cast<unsigned long long>(addr));
     fail(ErrorCode::kLayout, op,
-         std::string(arg) + ".data = " + address + " is not a multiple of its " +
+         std::string(arg) + ".data = " + hex_address(addr) + " is not a multiple of its " +
              std::to_string(elem) + "-byte element size");
   }
 }
@@ -189,10 +194,11 @@ bool as_row_intervals(const TensorView& t, RowIntervals& r) {
 
 /// "[0x..., 0x...)": a view's byte extent, for the overlap errors.
 std::string hex_range(const ByteExtent& e) {
-  char text[64];
-  std::snprintf(text, sizeof text, "[%#llx, %#llx)", static_cast<unsigned long long>(e.lo),
-                static_cast<unsigned long long>(e.hi));
-  return text;
+  std::string text = "[";
+  text += hex_address(e.lo);
+  text += ", ";
+  text += hex_address(e.hi);
+  return text + ")";
 }
 
 /// Whether some interval of `a` meets some interval of `b`: a merge of the two rising

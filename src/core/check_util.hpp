@@ -14,6 +14,9 @@ namespace attnkit::detail {
 
 [[noreturn]] void fail(ErrorCode code, const char* op, const std::string& message);
 
+/// "0x7f00a0": an address as the error messages print it.
+std::string hex_address(std::uintptr_t address);
+
 /// "[B, k] = [4, 16]" style helper: the expected shape spelled with names and values.
 std::string shape_with_names(std::initializer_list<const char*> names,
                              std::initializer_list<std::int64_t> values);

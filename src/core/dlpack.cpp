@@ -83,18 +83,20 @@ TensorView from_dlpack(const DLTensor& t) {
   // An empty tensor may have a null data pointer; no offset is applied to it. The offset is
   // added as an address, refused where it could not describe memory (the views' byte spans
   // obey the same 2^62 bound) or would wrap the address space.
-  const auto address = reinterpret_cast<std::uintptr_t>(t.data);
-  if (t.data != nullptr && t.byte_offset >= (std::uint64_t{1} << 62)) {
-    throw Error(ErrorCode::kLayout, "from_dlpack: byte_offset = " +
-                                        std::to_string(t.byte_offset) + " must be < 2^62");
-  }
-  if (t.data != nullptr && address + t.byte_offset < address) {
-    throw Error(ErrorCode::kLayout, "from_dlpack: data + byte_offset (" +
-                                        std::to_string(t.byte_offset) +
-                                        ") wraps past the end of the address space");
+  if (t.data != nullptr) {
+    const auto address = reinterpret_cast<std::uintptr_t>(t.data);
+    if (t.byte_offset >= (std::uint64_t{1} << 62)) {
+      throw Error(ErrorCode::kLayout, "from_dlpack: byte_offset = " +
+                                          std::to_string(t.byte_offset) + " must be < 2^62");
+    }
+    if (address + t.byte_offset < address) {
+      throw Error(ErrorCode::kLayout, "from_dlpack: data + byte_offset (" +
+                                          std::to_string(t.byte_offset) +
+                                          ") wraps past the end of the address space");
+    }
+    v.data = reinterpret_cast<void*>(address + t.byte_offset);
   }
   v.ndim = t.ndim;
-  v.data = t.data == nullptr ? nullptr : reinterpret_cast<void*>(address + t.byte_offset);
   for (int d = 0; d < t.ndim; ++d) {
     v.shape[d] = t.shape[d];
     if (t.strides) v.strides[d] = t.strides[d];

@@ -3,9 +3,7 @@
 // the backend of the tensors' device. No computation happens here.
 #include "attnkit/topk.hpp"
 
-#include <cinttypes>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +11,7 @@
 #include "attnkit/error.hpp"
 #include "core/backends.hpp"
 #include "core/check_topk.hpp"
+#include "core/check_util.hpp"
 
 namespace attnkit {
 namespace {
@@ -112,12 +111,10 @@ void topk_with_workspace(void* workspace, std::size_t& workspace_bytes, const To
                                        " is smaller than the " + std::to_string(need) +
                                        " bytes this call needs");
   }
-  if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
-    char address[2 + 2 * sizeof(std::uintptr_t) + 1];
-    std::snprintf(address, sizeof address, "%#" PRIxPTR,
-                  reinterpret_cast<std::uintptr_t>(workspace));
-    throw Error(ErrorCode::kValue,
-                std::string("topk: workspace = ") + address + " is not aligned to 256 bytes");
+  const auto address = reinterpret_cast<std::uintptr_t>(workspace);
+  if (address % 256 != 0) {
+    throw Error(ErrorCode::kValue, "topk: workspace = " + detail::hex_address(address) +
+                                       " is not aligned to 256 bytes");
   }
   run(p, workspace, workspace_bytes, stream);
 }
