@@ -234,7 +234,8 @@ def check(x, k, end, values, indices, order="none"):
         lengths = end.long().clamp(max=k)
         slot = torch.arange(k, device=x.device)[None, :]
         want = torch.where(slot < lengths[:, None], want, torch.full_like(want, -1))
-        got_sorted = torch.where(slot < lengths[:, None], torch.sort(got.masked_fill(got < 0, 1 << 40), dim=1).values, got)
+        got_sorted = torch.where(slot < lengths[:, None],
+                                 torch.sort(got.masked_fill(got < 0, 1 << 40), dim=1).values, got)
     else:
         got_sorted = torch.sort(got, dim=1).values
     if not torch.equal(got_sorted, want):
@@ -243,8 +244,8 @@ def check(x, k, end, values, indices, order="none"):
     if values is not None:
         valid = indices >= 0
         gathered = torch.gather(x, 1, indices.long().clamp(min=0))
-        if not torch.equal(gathered.view(torch.int16 if x.element_size() == 2 else torch.int32)[valid],
-                           values.view(torch.int16 if x.element_size() == 2 else torch.int32)[valid]):
+        bits = torch.int16 if x.element_size() == 2 else torch.int32
+        if not torch.equal(gathered.view(bits)[valid], values.view(bits)[valid]):
             raise AssertionError("values are not the input bits at the returned indices")
     if order != "none" and end is None:
         # Best first by value, or ascending column: each row's order, not only its set.
@@ -353,7 +354,8 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
     available = peers() if DEVICE == "cuda" else {}  # the peers are GPU libraries
     for key, (module, _) in PEERS.items():
         if key not in available and DEVICE == "cuda":
-            print(f"# {module}: not installed on this machine, its columns skipped", file=sys.stderr)
+            print(f"# {module}: not installed on this machine, its columns skipped",
+                  file=sys.stderr)
     if DEVICE == "cuda":
         warm_up_gpu()  # after the peers' imports, which leave the GPU idle
     for name, dtype, b, n, k, causal, pattern in case_list:
@@ -390,7 +392,8 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
                 torch.topk(xt, k, dim=1, sorted=order == "value")
 
             t_torch = timer(theirs).median_us()
-            bytes_moved = valid * x.element_size() + b * k * (4 + (x.element_size() if return_values else 0))
+            written = b * k * (4 + (x.element_size() if return_values else 0))
+            bytes_moved = valid * x.element_size() + written
             row = {
                 "case": name, "pattern": pattern, "dtype": str(dtype).removeprefix("torch."),
                 "B": b, "N": n, "k": k, "causal": causal, "values": return_values,
@@ -401,7 +404,8 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
             }
             peer_times, peer_verdicts = dict(fi_times), dict(fi_verdicts)
             if "deepselect" in available and order == "none":
-                call, indices_of = deepselect_call(available["deepselect"], x, k, end, return_values)
+                call, indices_of = deepselect_call(available["deepselect"], x, k, end,
+                                                   return_values)
                 peer_times["deepselect_us"], peer_verdicts["deepselect_us"] = time_peer(
                     call, indices_of, x, k, end, False, timer)
             for column, t in peer_times.items():
@@ -411,9 +415,10 @@ def run(case_list, repeats: int, clean_flush: bool = True, order: str = "none",
                 if row.get(key + "_us") is not None:
                     row["speedup_" + key] = round(row[key + "_us"] / t_ours, 2)
             rows.append(row)
-            print(f"{name:16s} {row['dtype']:8s} B={b:<5d} N={n:<8d} k={k:<5d} values={int(return_values)} "
-                  f"attnkit {t_ours:9.2f} us {row['attnkit_TBps']:6.3f} TB/s | torch {t_torch:9.2f} us "
-                  f"| x{row['speedup']:.2f}"
+            print(f"{name:16s} {row['dtype']:8s} B={b:<5d} N={n:<8d} k={k:<5d} "
+                  f"values={int(return_values)} "
+                  f"attnkit {t_ours:9.2f} us {row['attnkit_TBps']:6.3f} TB/s | "
+                  f"torch {t_torch:9.2f} us | x{row['speedup']:.2f}"
                   + "".join(f" | {c.removesuffix('_us')} {t} us ({peer_verdicts[c]})"
                             for c, t in peer_times.items()), flush=True)
     return rows
@@ -431,7 +436,8 @@ def _peer_cell(r, column):
 def markdown(rows, header: str) -> str:
     with_fi = any("flashinfer_check" in r for r in rows)
     with_ds = any("deepselect_check" in r for r in rows)
-    head = "| case | dtype | B | N | k | values | torch.topk us | attnkit us | attnkit TB/s | speed-up |"
+    head = ("| case | dtype | B | N | k | values | torch.topk us | attnkit us | attnkit TB/s "
+            "| speed-up |")
     rule = "|---|---|---|---|---|---|---|---|---|---|"
     if with_fi:
         head += " FlashInfer us (any ties) | FlashInfer us (lowest index) | vs FlashInfer |"
@@ -441,12 +447,13 @@ def markdown(rows, header: str) -> str:
         rule += "---|---|"
     lines = [header, "", head, rule]
     for r in rows:
-        line = (f"| {r['case']}{' (causal)' if r['causal'] else ''} | {r['dtype']} | {r['B']} | {r['N']} | "
-                f"{r['k']} | {'yes' if r['values'] else 'no'} | {r['torch_us']} | {r['attnkit_us']} | "
-                f"{r['attnkit_TBps']} | {r['speedup']}x |")
+        line = (f"| {r['case']}{' (causal)' if r['causal'] else ''} | {r['dtype']} | {r['B']} | "
+                f"{r['N']} | {r['k']} | {'yes' if r['values'] else 'no'} | {r['torch_us']} | "
+                f"{r['attnkit_us']} | {r['attnkit_TBps']} | {r['speedup']}x |")
         if with_fi:
             vs = r.get("speedup_flashinfer")
-            line += (f" {_peer_cell(r, 'flashinfer_us')} | {_peer_cell(r, 'flashinfer_lowest_us')} | "
+            line += (f" {_peer_cell(r, 'flashinfer_us')} | "
+                     f"{_peer_cell(r, 'flashinfer_lowest_us')} | "
                      f"{f'{vs}x' if vs is not None else '-'} |")
         if with_ds:
             vs = r.get("speedup_deepselect")

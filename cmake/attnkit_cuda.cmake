@@ -40,7 +40,8 @@ if(ATTNKIT_WITH_CUDA)
     endif()
     string(REGEX REPLACE "a$" "" _num "${arch}")
     if(_num LESS 70)
-      message(FATAL_ERROR "ATTNKIT_CUDA_ARCHS entry '${arch}': attnkit needs compute capability >= 7.0")
+      message(FATAL_ERROR "ATTNKIT_CUDA_ARCHS entry '${arch}': "
+              "attnkit needs compute capability >= 7.0")
     endif()
     if(arch MATCHES "a$")
       # Arch-specific targets have no PTX fallback; emit machine code only.
@@ -52,10 +53,12 @@ if(ATTNKIT_WITH_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES "${_archs}")
   enable_language(CUDA)
   if(CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 12.0)
-    message(FATAL_ERROR "attnkit needs nvcc >= 12.0 for sm_90a (found ${CMAKE_CUDA_COMPILER_VERSION})")
+    message(FATAL_ERROR
+            "attnkit needs nvcc >= 12.0 for sm_90a (found ${CMAKE_CUDA_COMPILER_VERSION})")
   endif()
   find_package(CUDAToolkit REQUIRED)
-  message(STATUS "attnkit: CUDA ${CMAKE_CUDA_COMPILER_VERSION}, targets ${CMAKE_CUDA_ARCHITECTURES}")
+  message(STATUS
+          "attnkit: CUDA ${CMAKE_CUDA_COMPILER_VERSION}, targets ${CMAKE_CUDA_ARCHITECTURES}")
 endif()
 
 # The CUDA sources build as an object library of their own, in C++17: CMake < 3.27 knows no

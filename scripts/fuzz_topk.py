@@ -495,7 +495,8 @@ def expected_error(p, t, checked):
         x2 = t["x"].reshape(1, -1) if t["x"].dim() == 1 else t["x"]
         isnan = torch.isnan(x2)
         col = torch.arange(N)
-        valid = (col[None, :] >= torch.tensor(lo)[:, None]) & (col[None, :] < torch.tensor(hi)[:, None])
+        valid = ((col[None, :] >= torch.tensor(lo)[:, None])
+                 & (col[None, :] < torch.tensor(hi)[:, None]))
         hit = (isnan & valid).any(1).nonzero()
         if len(hit):
             return f"NaN in row {int(hit[0])}'s valid range"
@@ -750,8 +751,9 @@ REPRO = {}
 
 def run_case(seed, ci, p, device, rep, use_ref):
     env = os.environ.get("ATTNKIT_CUDA_TOPK_PATH")
-    tag = (f"[repro: {'ATTNKIT_CUDA_TOPK_PATH=' + env + ' ' if env else ''}python3 scripts/fuzz_topk.py "
-           f"--device {device} --max-elems {REPRO.get('max_elems')} --seed {seed} --case {ci}]")
+    tag = (f"[repro: {'ATTNKIT_CUDA_TOPK_PATH=' + env + ' ' if env else ''}"
+           f"python3 scripts/fuzz_topk.py --device {device} "
+           f"--max-elems {REPRO.get('max_elems')} --seed {seed} --case {ci}]")
     t = build(p)
     B, N, k = p["B"], p["N"], p["k"]
     ties = opt(p, "ties", "lowest_index")

@@ -35,7 +35,8 @@ step() {  # step NAME LOGFILE COMMAND...: run, append the outcome to the summary
   echo "== $name" | tee -a "$log"
   "$@" >> "$log" 2>&1
   local rc=$?
-  printf '%-34s rc=%-3s %4ss  (log: %s)\n' "$name" "$rc" $((SECONDS - t0)) "$(basename "$log")" | tee -a "$SUMMARY"
+  printf '%-34s rc=%-3s %4ss  (log: %s)\n' "$name" "$rc" $((SECONDS - t0)) "$(basename "$log")" |
+    tee -a "$SUMMARY"
   [ "$rc" -eq 0 ] || status=1
   return "$rc"
 }
@@ -56,7 +57,8 @@ if [ "$SANITIZE" != racecheck ]; then
     env ATTNKIT_CUDA=ON ATTNKIT_CUDA_ARCHS="$ARCHS" \
     python3 -m pip install --no-build-isolation --no-deps -Cbuild-dir=build/gpu-py . || exit 1
   python3 -c 'import torch, attnkit; print(attnkit.info())' >> "$SUMMARY" 2>&1
-  for probe in 'import ml_dtypes' 'import attnkit._ext; import ml_dtypes' 'import numpy, attnkit'; do
+  for probe in 'import ml_dtypes' 'import attnkit._ext; import ml_dtypes' \
+               'import numpy, attnkit'; do
     python3 -c "$probe" > /dev/null 2>&1
     echo "probe '$probe': rc=$?" >> "$SUMMARY"
   done
@@ -65,10 +67,12 @@ fi
 TESTS=${ATTNKIT_CUDA_TESTS:-}
 if [ "$MODE" != bench ] && [ -z "$TESTS" ]; then
   gtest=()
-  [ -n "${ATTNKIT_GTEST_SOURCE_DIR:-}" ] && gtest=(-DATTNKIT_GTEST_SOURCE_DIR="$ATTNKIT_GTEST_SOURCE_DIR")
+  [ -n "${ATTNKIT_GTEST_SOURCE_DIR:-}" ] &&
+    gtest=(-DATTNKIT_GTEST_SOURCE_DIR="$ATTNKIT_GTEST_SOURCE_DIR")
   step "cmake configure" "$BUILD_LOG" cmake -S . -B build/gpu -G Ninja -DATTNKIT_CUDA=ON \
     -DATTNKIT_CUDA_ARCHS="$ARCHS" "${gtest[@]}" &&
-  step "cmake build attnkit_cuda_tests" "$BUILD_LOG" cmake --build build/gpu --target attnkit_cuda_tests &&
+  step "cmake build attnkit_cuda_tests" "$BUILD_LOG" \
+    cmake --build build/gpu --target attnkit_cuda_tests &&
   TESTS=build/gpu/tests/cpp/attnkit_cuda_tests
 fi
 
@@ -98,15 +102,21 @@ fi
 if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
   SAN_LOG="$OUT/sanitizer.log"
   if [ "$SANITIZE" != racecheck ]; then
-    step "compute-sanitizer memcheck" "$SAN_LOG" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    step "compute-sanitizer memcheck" "$SAN_LOG" \
+      compute-sanitizer --tool memcheck --error-exitcode 3 \
       "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
     step "compute-sanitizer memcheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
-      compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
+      compute-sanitizer --tool memcheck --error-exitcode 3 \
+      "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
   fi
   if [ "$SANITIZE" != memcheck ]; then
-    step "compute-sanitizer racecheck" "$SAN_LOG" compute-sanitizer --tool racecheck --error-exitcode 3 \
-      "$TESTS" --gtest_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*:*SmallClusterWide*:*SmallSorted*:*SmallShortRowsWide*' --gtest_brief=1
-    step "compute-sanitizer racecheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
+    race_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*'
+    race_filter+=':*SmallClusterWide*:*SmallSorted*:*SmallShortRowsWide*'
+    step "compute-sanitizer racecheck" "$SAN_LOG" \
+      compute-sanitizer --tool racecheck --error-exitcode 3 \
+      "$TESTS" --gtest_filter="$race_filter" --gtest_brief=1
+    step "compute-sanitizer racecheck (cluster path)" "$SAN_LOG" \
+      env ATTNKIT_CUDA_TOPK_PATH=cluster \
       compute-sanitizer --tool racecheck --error-exitcode 3 \
       "$TESTS" --gtest_filter='*SmallDistributions:*SmallGraph*' --gtest_brief=1
   fi
@@ -130,7 +140,8 @@ step "benchmark" "$OUT/bench.log" python3 bench/bench_topk.py "${quick[@]}" \
   --json "$OUT/bench_topk.json" --markdown "$OUT/bench_topk.md"
 tail -3 "$OUT/bench.log" >> "$SUMMARY"
 if [ "$MODE" = full ]; then
-  step "attnkit demo (GPU)" "$OUT/bench.log" attnkit demo --quick --no-progress --json "$OUT/demo.json"
+  step "attnkit demo (GPU)" "$OUT/bench.log" \
+    attnkit demo --quick --no-progress --json "$OUT/demo.json"
 fi
 
 cat "$SUMMARY"

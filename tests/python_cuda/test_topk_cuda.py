@@ -41,7 +41,8 @@ def test_matches_cpu_backend(dtype, shape, k, sorted_):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("b,n,k", [(1, 129280, 50), (64, 129280, 1024), (16, 131072, 2048), (256, 4096, 512)])
+@pytest.mark.parametrize(
+    "b,n,k", [(1, 129280, 50), (64, 129280, 1024), (16, 131072, 2048), (256, 4096, 512)])
 def test_values_equal_torch_topk_sorted(dtype, b, n, k):
     gen = torch.Generator(device=DEV).manual_seed(b * n + k)
     x = torch.randn(b, n, device=DEV, generator=gen).to(dtype)
@@ -212,7 +213,8 @@ def test_cuda_graph_capture_and_replay():
     with torch.cuda.graph(g):
         attnkit.topk(static_x, 512, out_indices=out_i, out_values=out_v)
     for seed in range(3):
-        static_x.copy_(torch.randn(32, 65536, device=DEV, generator=torch.Generator(device=DEV).manual_seed(seed)))
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        static_x.copy_(torch.randn(32, 65536, device=DEV, generator=gen))
         g.replay()
         torch.cuda.synchronize()
         ev, ei = attnkit.topk(static_x.cpu(), 512, indices_dtype=torch.int32)
