@@ -44,8 +44,8 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
 /// Stream-ordered allocation from attnkit's cached pool for `device`.
 void* cuda_pool_allocate(Device device, std::size_t bytes, cudaStream_t stream);
 void cuda_pool_free(Device device, void* ptr, cudaStream_t stream);
-/// Copies `count` elements of `elem_bytes` each, `stride` elements apart (any sign), from
-/// device memory to contiguous host memory on `stream`, and waits for it.
+/// Copies `count` elements of `elem_bytes` each, `stride` elements apart (any sign; 0 repeats
+/// one element), from device memory to contiguous host memory on `stream`, and waits for it.
 void cuda_copy_to_host(void* dst, const void* src, std::size_t elem_bytes, std::int64_t count,
                        std::int64_t stride, cudaStream_t stream);
 /// Lines for attnkit::build_info(): targets compiled in, devices and the variant for each.

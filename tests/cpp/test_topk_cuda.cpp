@@ -1210,6 +1210,68 @@ TEST_F(TopkCuda, SmallCheckOnRejectsBadEnd) {
   cudaFree(de);
 }
 
+// Row vectors broadcast with stride 0 (a torch expand of one element) hold one element: the
+// host check must read that element for every row, not B elements of a one-element buffer.
+TEST_F(TopkCuda, SmallCheckOnBroadcastRowVectors) {
+  constexpr std::int64_t kB = 3, kN = 100, kK = 8;
+  std::vector<float> x(kB * kN);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 101) - 50.0f;
+  float* dx = device_copy(x);
+  const std::vector<std::int32_t> bad_end = {kN + 1}, end = {40};
+  const std::vector<std::int64_t> begin = {5}, offset = {1000};
+  std::int32_t* d_bad_end = device_copy(bad_end);
+  std::int32_t* d_end = device_copy(end);
+  std::int64_t* d_begin = device_copy(begin);
+  std::int64_t* d_offset = device_copy(offset);
+  std::vector<std::int64_t> sentinel(kB * kK, -77);
+  std::int64_t* di = device_copy(sentinel);
+  attnkit::TopkOptions o;
+  o.k = kK;
+  o.check = attnkit::CheckMode::kOn;
+
+  attnkit::TopkTensors t;
+  t.x = TensorView::make(dx, DType::kFloat32, kGpu, {kB, kN});
+  t.out_indices = TensorView::make(di, DType::kInt64, kGpu, {kB, kK});
+  t.end = TensorView::make(d_bad_end, DType::kInt32, kGpu, {kB}, {0});
+  try {
+    attnkit::topk(t, o);
+    ADD_FAILURE() << "expected an error for end[0] = " << kN + 1 << " > N";
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kValue);
+    EXPECT_NE(std::string(e.what()).find("end[0] = 101"), std::string::npos) << e.what();
+  }
+  std::vector<std::int64_t> got(kB * kK);
+  cudaMemcpy(got.data(), di, got.size() * 8, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(got, sentinel);  // nothing written
+
+  // Valid broadcast vectors: the same indices as the CPU's, whose views read the same strides.
+  t.end = TensorView::make(d_end, DType::kInt32, kGpu, {kB}, {0});
+  t.begin = TensorView::make(d_begin, DType::kInt64, kGpu, {kB}, {0});
+  t.index_offset = TensorView::make(d_offset, DType::kInt64, kGpu, {kB}, {0});
+  attnkit::topk(t, o);
+  cudaMemcpy(got.data(), di, got.size() * 8, cudaMemcpyDeviceToHost);
+  std::vector<std::int64_t> want(kB * kK, -77);
+  std::vector<std::int32_t> host_end = end;
+  std::vector<std::int64_t> host_begin = begin, host_offset = offset;
+  attnkit::TopkTensors c;
+  c.x = TensorView::make(x.data(), DType::kFloat32, kCpu, {kB, kN});
+  c.out_indices = TensorView::make(want.data(), DType::kInt64, kCpu, {kB, kK});
+  c.end = TensorView::make(host_end.data(), DType::kInt32, kCpu, {kB}, {0});
+  c.begin = TensorView::make(host_begin.data(), DType::kInt64, kCpu, {kB}, {0});
+  c.index_offset = TensorView::make(host_offset.data(), DType::kInt64, kCpu, {kB}, {0});
+  attnkit::topk(c, o);
+  EXPECT_EQ(got, want);
+  for (std::int64_t v : want) {  // every row's best of columns [5, 40), offset by 1000
+    EXPECT_GE(v, 1005);
+    EXPECT_LT(v, 1040);
+  }
+  for (void* ptr : {static_cast<void*>(dx), static_cast<void*>(d_bad_end),
+                    static_cast<void*>(d_end), static_cast<void*>(d_begin),
+                    static_cast<void*>(d_offset), static_cast<void*>(di)}) {
+    cudaFree(ptr);
+  }
+}
+
 TEST_F(TopkCuda, SmallMixedDevicesRejected) {
   std::vector<float> x(100, 1.0f);
   float* dx = device_copy(x);

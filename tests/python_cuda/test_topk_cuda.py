@@ -281,6 +281,23 @@ def test_check_true_validates_device_values():
     assert i.shape == (2, 5)
 
 
+def test_check_true_reads_broadcast_row_vectors():
+    # expand() gives stride 0: every row reads the one element.
+    x = torch.randn(3, 100, device=DEV)
+    bad = torch.tensor([101], device=DEV, dtype=torch.int32).expand(3)
+    with pytest.raises(ValueError, match=r"end\[0\] = 101"):
+        attnkit.topk(x, 5, end=bad, check=True)
+    end = torch.tensor([40], device=DEV).expand(3)
+    begin = torch.tensor([5], device=DEV).expand(3)
+    offset = torch.tensor([1000], device=DEV).expand(3)
+    v, i = attnkit.topk(x, 8, begin=begin, end=end, index_offset=offset, check=True)
+    cv, ci = attnkit.topk(x.cpu(), 8, begin=begin.cpu(), end=end.cpu(),
+                          index_offset=offset.cpu())
+    assert torch.equal(i.cpu(), ci)
+    assert torch.equal(v.cpu(), cv)
+    assert bool(((ci >= 1005) & (ci < 1040)).all())
+
+
 def test_numpy_interop_roundtrip_matches():
     x = np.random.default_rng(0).standard_normal((3, 5000)).astype(np.float32)
     v, i = attnkit.topk(torch.from_numpy(x).to(DEV), 7, sorted=True)

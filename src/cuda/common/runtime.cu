@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -58,12 +59,22 @@ void cuda_pool_free(Device device, void* ptr, cudaStream_t stream) {
 void cuda_copy_to_host(void* dst, const void* src, std::size_t elem_bytes, std::int64_t count,
                        std::int64_t stride, cudaStream_t stream) {
   if (count <= 0) return;
+  if (stride == 0) {
+    // A broadcast vector holds one element: copy it, then repeat it on the host (a pitch of
+    // one element would read count elements of a one-element buffer).
+    cuda_copy_to_host(dst, src, elem_bytes, 1, 1, stream);
+    char* d = static_cast<char*>(dst);
+    for (std::int64_t i = 1; i < count; ++i) {
+      std::memcpy(d + i * static_cast<std::int64_t>(elem_bytes), d, elem_bytes);
+    }
+    return;
+  }
   // cudaMemcpy2D takes unsigned pitches: a negative stride is copied from its last element
   // upwards and reversed on the host.
   const char* first = static_cast<const char*>(src);
   if (stride < 0) first += (count - 1) * stride * static_cast<std::int64_t>(elem_bytes);
   const std::size_t pitch = static_cast<std::size_t>(stride < 0 ? -stride : stride) * elem_bytes;
-  cuda_check(cudaMemcpy2DAsync(dst, elem_bytes, first, pitch == 0 ? elem_bytes : pitch, elem_bytes,
+  cuda_check(cudaMemcpy2DAsync(dst, elem_bytes, first, pitch, elem_bytes,
                                static_cast<std::size_t>(count), cudaMemcpyDeviceToHost, stream),
              "cudaMemcpy2DAsync");
   cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
