@@ -208,12 +208,29 @@ __device__ std::uint32_t resolve_short_list(const std::uint32_t* list, std::uint
   return (total >> 16) + min(total & 0xFFFFu, keep_equal);
 }
 
+/// kMinBlocks, or as many CTAs of kThreads as the SMs of the architecture being compiled hold
+/// when that is fewer (threads an SM: 1024 on sm_75, 1536 on sm_86, 87, 89 and 12x, 2048 on the
+/// others), so that the bound tuned for sm_90 still compiles for them, where ptxas refuses a
+/// CTA count whose threads exceed the SM's.
+template <int kThreads, int kMinBlocks>
+constexpr int min_blocks_on_target() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 750
+  constexpr int kSmThreads = 1024;
+#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || \
+                                 __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+  constexpr int kSmThreads = 1536;
+#else
+  constexpr int kSmThreads = 2048;
+#endif
+  return kMinBlocks * kThreads <= kSmThreads ? kMinBlocks : kSmThreads / kThreads;
+}
+
 /// The kernel for CTAs of kThreads threads holding kPerThread columns each, kMinBlocks an SM
-/// (the registers' bound). The sort of sorted="value" counts in the first pass's histogram,
+/// (the registers' bound; fewer where the SM holds fewer threads, min_blocks_on_target). The sort of sorted="value" counts in the first pass's histogram,
 /// which holds the counts of up to eight warps: wider CTAs are launched for the other orders
 /// only (the host's plan), and carry no sort.
 template <class Traits, int kThreads, int kPerThread, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+__global__ void __launch_bounds__(kThreads, (min_blocks_on_target<kThreads, kMinBlocks>()))
     topk_short_rows_kernel(const TopkKernelParams p) {
   using Bits = typename Traits::Bits;
   constexpr int kVec = 16 / static_cast<int>(sizeof(Bits));
