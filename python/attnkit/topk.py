@@ -267,7 +267,8 @@ def topk(
     index_offset : array of shape [B], int32 or int64, optional
         Added to every returned index of row b (not to padding).
     index_fill : int
-        Index written to padding slots (default -1).
+        Index written to padding slots (default -1). It must fit the indices' dtype (int32 or
+        int64; ValueError otherwise), whether or not a slot is padded.
     value_fill : float, optional
         Value written to padding slots (default -inf when ``largest``, +inf otherwise; a 0-d
         NumPy array or tensor of a number is read as that number),
@@ -281,9 +282,10 @@ def topk(
         the first k of a stable sort), or any of them ("any").
     check : bool, optional
         Validate ``begin``/``end``/``index_offset`` values and raise on bad ones. Default: on
-        for CPU tensors, off for CUDA tensors (where it costs one sync); when off, kernels clamp
-        ``begin``/``end`` into ``[0, N]`` so that no access is out of bounds, and an
-        out-of-range ``index + index_offset`` wraps as two's-complement arithmetic.
+        for CPU tensors, off for CUDA tensors (where the host waits for a copy of each of
+        them that is given); when off, kernels clamp ``begin``/``end`` into ``[0, N]`` so that
+        no access is out of bounds, and an out-of-range ``index + index_offset`` wraps as
+        two's-complement arithmetic.
     backend : {"auto", "reference"}
         "reference" runs the plain CPU reference (a stable sort per row), for testing.
 
@@ -306,8 +308,9 @@ def topk(
         [0, 2^31 - 1], out-of-range ``begin``/``end``/``index_offset`` (when checked),
         overlapping or mis-shaped output buffers, a NaN with ``nan="raise"``, unknown options,
         ``out_values`` given with ``return_values=False``, ``backend="reference"`` with an
-        ``x`` that requires grad or on the meta device, or inside torch.compile, tracing, a
-        dispatch mode or vmap.
+        ``x`` that requires grad or on the meta device, or inside tracing, a dispatch mode or
+        vmap (inside torch.compile such a call is not compiled: with ``fullgraph=True``
+        compiling fails, otherwise the graph breaks there and the call runs eagerly).
     TypeError
         Unsupported dtypes (NumPy ones not in the machine's byte order among them); non-integer
         ``k``/``index_fill``, non-bool ``largest``/``return_values``, a non-real
@@ -377,7 +380,9 @@ def topk(
                 or not isinstance(value_fill, numbers.Real)):
             raise TypeError(f"topk: value_fill = {value_fill!r}; expected a real number")
     if out_values is not None and not return_values:
-        raise ValueError("topk: out_values is given but return_values = False")
+        raise ValueError("topk: out_values is given but return_values = False; values are "
+                         "written only when returned: pass return_values=True or leave "
+                         "out_values out")
     is_torch = _arrays.is_torch
     buffers_given = out_values is not None or out_indices is not None
     # A bare DLPack argument is read or written as it exports itself: shape or dtype attributes
@@ -452,9 +457,10 @@ def topk(
         # dispatcher (torch.ops.attnkit.topk, registered by attnkit.torch).
         needs_grad = return_values and x.requires_grad and torch.is_grad_enabled()
         if needs_grad and buffers_given:
+            given = "/".join(name for name, out in buffers if out is not None)
             raise RuntimeError(
-                "topk: out_values/out_indices cannot be used when x requires grad: autograd "
-                "does not record writes into caller buffers (detach x or use torch.no_grad())")
+                f"topk: {given} cannot be used when x requires grad: autograd does not record "
+                "writes into caller buffers (detach x or use torch.no_grad())")
 
         if needs_grad and backend != "auto":
             raise ValueError(f"topk: backend = {backend!r} runs without autograd; detach x or "
@@ -465,8 +471,11 @@ def topk(
             raise ValueError(f"topk: backend = {backend!r} is for eager calls; under "
                              "torch.compile, tracing, a dispatch mode or vmap use "
                              "backend='auto'")
+        if x.device.type == "meta" and backend != "auto":
+            raise ValueError(f"topk: backend = {backend!r} runs on CPU tensors, but x is on "
+                             "the meta device (backend='auto' gives meta results)")
         # A meta x (no data) takes the op's shape propagation, as torch's own ops do.
-        if needs_grad or recorded or (x.device.type == "meta" and backend == "auto"):
+        if needs_grad or recorded or x.device.type == "meta":
             from . import torch as _torch_ops
 
             _refuse_func_differentiation(torch)

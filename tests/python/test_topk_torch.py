@@ -493,7 +493,8 @@ def test_meta_x_gets_meta_results():
         attnkit.topk(x, 4, indices_dtype=torch.int32, index_fill=2**31)
     with pytest.raises(ValueError, match="end is on device cpu while x is on meta"):
         attnkit.topk(x, 4, end=torch.tensor([1, 2, 3]))
-    with pytest.raises(ValueError, match="x is on device meta"):
+    with pytest.raises(ValueError, match=r"backend = 'reference' runs on CPU tensors, but x is "
+                       r"on the meta device \(backend='auto' gives meta results\)"):
         attnkit.topk(x, 4, backend="reference")
     with pytest.raises(ValueError, match="k = -1"):
         attnkit.topk(x, -1)
@@ -566,8 +567,14 @@ def test_autograd_values_route_gradient_to_selected_elements(offset):
 def test_caller_buffers_refused_when_autograd_would_need_them():
     x = torch.randn(2, 50, requires_grad=True)
     out_i = torch.empty(2, 5, dtype=torch.int64)
-    with pytest.raises(RuntimeError, match="out_values/out_indices"):
+    # The message names the buffers given.
+    with pytest.raises(RuntimeError, match="topk: out_indices cannot be used when x requires"):
         attnkit.topk(x, 5, out_indices=out_i)
+    out_v = torch.empty(2, 5)
+    with pytest.raises(RuntimeError, match="topk: out_values cannot be used when x requires"):
+        attnkit.topk(x, 5, out_values=out_v)
+    with pytest.raises(RuntimeError, match="topk: out_values/out_indices cannot be used"):
+        attnkit.topk(x, 5, out_values=out_v, out_indices=out_i)
     with torch.no_grad():
         attnkit.topk(x, 5, out_indices=out_i)  # nothing to record: allowed
     values, indices = attnkit.topk(x, 5, out_indices=out_i, return_values=False)
