@@ -320,6 +320,12 @@ def _check_dims(shape: tuple, name: str) -> None:
                          f"topk takes x as [B, N] or [N], and [B] or [B, k] for the others")
 
 
+def check_strided(a: Any, name: str) -> None:
+    """TypeError for a torch tensor of another layout than strided (sparse, mkldnn)."""
+    if a.layout != _strided:
+        raise TypeError(f"topk: {name} has layout {a.layout}; expected a strided (dense) tensor")
+
+
 def _torch_view(a: Any, name: str, writable: bool) -> tuple:
     """raw_view of a torch tensor: torch.Tensor itself, or a plain view of a subclass's memory
     (or the subclass, when it has none, to be refused by its name)."""
@@ -330,8 +336,7 @@ def _torch_view(a: Any, name: str, writable: bool) -> tuple:
         raise ValueError(f"topk: {name} is a torch view with its negative or conjugate bit "
                          f"set, which attnkit cannot read or write as memory; pass a plain "
                          f"tensor as this {what}")
-    if a.layout != _strided:
-        raise TypeError(f"topk: {name} has layout {a.layout}; expected a strided (dense) tensor")
+    check_strided(a, name)
     known = _torch_dtype_name(a.dtype)
     if known is None:
         raise no_such_dtype(name, a.dtype)

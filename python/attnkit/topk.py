@@ -451,6 +451,8 @@ def topk(
         if x.is_nested:
             raise ValueError("topk: x is a nested tensor; pass a dense [B, N] tensor, e.g. "
                              "x.to_padded_tensor(0.0) with end = the rows' lengths")
+        # Before the dispatcher, which has no sparse kernel to name the rule.
+        _arrays.check_strided(x, "x")
         if return_values:
             _refuse_forward_ad(torch, x)
         # Inside torch.compile, and whenever autograd must see the op, go through the

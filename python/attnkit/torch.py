@@ -335,7 +335,8 @@ def _dispatched_topk(x: torch.Tensor, k: int, *, largest: bool, sorted: Any, beg
                 _arrays.check_byte_order(v, name)
     begin, end, index_offset = (
         v if v is None or isinstance(v, torch.Tensor)
-        else torch.as_tensor(v.copy()) if not compiling and isinstance(v, np.ndarray)
+        # On the CPU, where the array is, whatever torch's default device.
+        else torch.as_tensor(v.copy(), device="cpu") if not compiling and isinstance(v, np.ndarray)
         else torch.as_tensor(v).clone()
         for v in (begin, end, index_offset))
     if isinstance(indices_dtype, str):

@@ -439,9 +439,12 @@ def test_bad_x_is_named_before_outputs_are_allocated():
         attnkit.topk(np.zeros((3, 4)), 2**31 - 1)
 
 
-def test_sparse_torch_x_is_refused_by_name():
+@pytest.mark.parametrize("requires_grad", [False, True])  # with grad: before the dispatcher
+def test_sparse_torch_x_is_refused_by_name(requires_grad):
     with pytest.raises(TypeError, match="topk: x has layout torch.sparse_coo"):
-        attnkit.topk(torch.eye(3).to_sparse(), 1)
+        attnkit.topk(torch.eye(3).to_sparse().requires_grad_(requires_grad), 1)
+    with pytest.raises(TypeError, match="topk: x has layout torch.sparse_csr"):
+        attnkit.topk(torch.eye(3).to_sparse_csr().requires_grad_(requires_grad), 1)
 
 
 def test_lists_are_refused_on_the_autograd_path_too():

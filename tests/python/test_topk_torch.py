@@ -657,6 +657,22 @@ def test_negative_and_conjugate_views_are_read_resolved():
 
 
 @pytest.mark.parametrize("name", ["end", "index_offset"])
+def test_autograd_takes_numpy_row_arrays_whatever_the_default_device(name):
+    # A NumPy array is on the CPU, where a CPU x is, whatever torch's default device says.
+    x = torch.randn(3, 20, requires_grad=True)
+    arg = np.array([2, 5, 20]) if name == "end" else np.array([10, 20, 30])
+    want = attnkit.topk(x.detach(), 4, **{name: arg}).indices
+    torch.set_default_device("meta")
+    try:
+        values, indices = attnkit.topk(x, 4, **{name: arg})
+    finally:
+        torch.set_default_device(None)
+    assert torch.equal(indices, want)
+    values.nan_to_num(neginf=0.0).sum().backward()
+    assert x.grad.sum().item() == float(torch.isfinite(values).sum())
+
+
+@pytest.mark.parametrize("name", ["end", "index_offset"])
 def test_autograd_keeps_the_numpy_row_arrays_of_the_forward(name):
     # A NumPy end or index_offset changed between forward and backward (a reused lengths
     # buffer): torch cannot see that write, so the gradient must come from the forward's values.
