@@ -5,7 +5,8 @@
 /// A `TensorView` names memory that somebody else owns (a PyTorch tensor, a NumPy array, a
 /// `cudaMalloc` block): a data pointer, a dtype, a device, a shape and strides counted in
 /// elements, as DLPack counts them (not in bytes, as NumPy does). attnkit never frees, resizes
-/// or copies what a view points at. `attnkit/dlpack.hpp` converts views to and from DLPack's `DLTensor`.
+/// or copies what a view points at. `attnkit/dlpack.hpp` converts views to and from DLPack's
+/// `DLTensor`.
 #pragma once
 
 #include <cstddef>

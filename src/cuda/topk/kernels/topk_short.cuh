@@ -226,9 +226,10 @@ constexpr int min_blocks_on_target() {
 }
 
 /// The kernel for CTAs of kThreads threads holding kPerThread columns each, kMinBlocks an SM
-/// (the registers' bound; fewer where the SM holds fewer threads, min_blocks_on_target). The sort of sorted="value" counts in the first pass's histogram,
-/// which holds the counts of up to eight warps: wider CTAs are launched for the other orders
-/// only (the host's plan), and carry no sort.
+/// (the registers' bound; fewer where the SM holds fewer threads, min_blocks_on_target). The
+/// sort of sorted="value" counts in the first pass's histogram, which holds the counts of up to
+/// eight warps: wider CTAs are launched for the other orders only (the host's plan), and carry
+/// no sort.
 template <class Traits, int kThreads, int kPerThread, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, (min_blocks_on_target<kThreads, kMinBlocks>()))
     topk_short_rows_kernel(const TopkKernelParams p) {
