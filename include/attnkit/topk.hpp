@@ -71,8 +71,8 @@
 /// `begin`, `end` and `index_offset` live on the tensors' device. With checking on (the CPU
 /// default; `CheckMode::kOn` on CUDA, which waits on the stream for a host copy of each vector)
 /// they must satisfy `0 <= begin[b] <= end[b] <= N` and `index + index_offset[b]` must fit the
-/// index dtype. With checking off the kernels clamp `end` into `[0, N]` and `begin` into `[0, end]`, so no
-/// access is ever out of bounds.
+/// index dtype. With checking off the kernels clamp `end` into `[0, N]` and `begin` into
+/// `[0, end]`, so no access is ever out of bounds.
 ///
 /// \par Threads
 /// Calls are thread-safe. On the CPU, concurrent calls share one thread pool whose parallel
