@@ -122,7 +122,7 @@ enum class TiePolicy : std::uint8_t {
 /// Whether device-resident per-row values (`begin`, `end`, `index_offset`) are validated.
 enum class CheckMode : std::uint8_t {
   kDefault,  ///< on for CPU tensors, off for CUDA tensors
-  kOn,       ///< validate and throw; costs one stream sync on CUDA
+  kOn,       ///< validate and throw; on CUDA a host copy of each vector, and a wait for it
   kOff,      ///< clamp silently
 };
 

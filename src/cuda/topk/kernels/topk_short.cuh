@@ -209,15 +209,17 @@ __device__ std::uint32_t resolve_short_list(const std::uint32_t* list, std::uint
 }
 
 /// kMinBlocks, or as many CTAs of kThreads as the SMs of the architecture being compiled hold
-/// when that is fewer (threads an SM: 1024 on sm_75, 1536 on sm_86, 87, 89 and 12x, 2048 on the
-/// others), so that the bound tuned for sm_90 still compiles for them, where ptxas refuses a
-/// CTA count whose threads exceed the SM's.
+/// when that is fewer (threads an SM: 1024 on sm_75, 1536 on sm_86, 87, 88, 89, 101, 110 and
+/// 12x, 2048 on the others), so that the bound tuned for sm_90 still compiles for them, where
+/// ptxas refuses a CTA count whose threads exceed the SM's.
 template <int kThreads, int kMinBlocks>
 constexpr int min_blocks_on_target() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 750
   constexpr int kSmThreads = 1024;
-#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || \
-                                 __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+#elif defined(__CUDA_ARCH__) &&                                              \
+    (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 880 ||  \
+     __CUDA_ARCH__ == 890 || __CUDA_ARCH__ == 1010 || __CUDA_ARCH__ == 1100 || \
+     __CUDA_ARCH__ >= 1200)
   constexpr int kSmThreads = 1536;
 #else
   constexpr int kSmThreads = 2048;
