@@ -328,6 +328,8 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_on_target<kThreads, kMin
     write_outputs<Traits, kThreads>(p, b, out);
   };
   std::uint32_t prefix = 0, need = p.k_select;
+  // Rows of at most k_select valid columns keep every candidate: no histogram to count.
+  const bool row_all_kept = hi - lo <= static_cast<std::int64_t>(p.k_select);  // uniform
   bool all_kept = false;
   int shift = kKeyBits;
 #pragma unroll
@@ -335,44 +337,52 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_on_target<kThreads, kMin
     const int width = kWidth[pass];
     const int above_shift = shift;  // bits fixed by earlier passes are those >= above_shift
     shift -= width;
-    // Only the bins this pass counts and searches, 16 bytes a store.
-    for (int i = tid; i < (1 << width) / 4; i += kThreads) {
-      reinterpret_cast<uint4*>(s.hist)[i] = make_uint4(0u, 0u, 0u, 0u);
-    }
-    __syncthreads();
-    if (pass == 0) {
-      if (valid > 0) {
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) atomicAdd(&s.hist[sc[i] >> (shift + kLow)], 1u);
+    if (pass > 0 || !row_all_kept) {
+      // Only the bins this pass counts and searches, 16 bytes a store.
+      for (int i = tid; i < (1 << width) / 4; i += kThreads) {
+        reinterpret_cast<uint4*>(s.hist)[i] = make_uint4(0u, 0u, 0u, 0u);
       }
-    } else {
-      const std::uint32_t span = 1u << above_shift;  // the prefix's scores: prefix + [0, span)
+      __syncthreads();
+      if (pass == 0) {
+        if (valid > 0) {
 #pragma unroll
-      for (int i = 0; i < kPerThread; ++i) {
-        const std::uint32_t score = sc[i] >> kLow;
-        if (score - prefix < span) atomicAdd(&s.hist[(score >> shift) & ((1u << width) - 1u)], 1u);
+          for (int i = 0; i < kPerThread; ++i) atomicAdd(&s.hist[sc[i] >> (shift + kLow)], 1u);
+        }
+      } else {
+        const std::uint32_t span = 1u << above_shift;  // the prefix's scores: prefix + [0, span)
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+          const std::uint32_t score = sc[i] >> kLow;
+          if (score - prefix < span) {
+            atomicAdd(&s.hist[(score >> shift) & ((1u << width) - 1u)], 1u);
+          }
+        }
+      }
+      __syncthreads();
+      if (pass == 0) {
+        find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist, need, 1);
+      } else if (kWidth[pass] == 5) {
+        find_pivot_digit<kThreads, 32>(s.pivot, s.hist, need);
+      } else if (kWidth[pass] == 10) {
+        find_pivot_digit<kThreads, 1024>(s.pivot, s.hist, need);
+      } else {
+        find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist, need);
       }
     }
-    __syncthreads();
-    if (pass == 0) {
-      find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist, need, 1);
-    } else if (kWidth[pass] == 5) {
-      find_pivot_digit<kThreads, 32>(s.pivot, s.hist, need);
-    } else if (kWidth[pass] == 10) {
-      find_pivot_digit<kThreads, 1024>(s.pivot, s.hist, need);
-    } else {
-      find_pivot_digit<kThreads, kShortBins>(s.pivot, s.hist, need);
-    }
-    if (pass == 0) all_kept = s.pivot.candidates <= need;  // uniform: every candidate is kept
+    // Uniform: every candidate is kept.
+    if (pass == 0) all_kept = row_all_kept || s.pivot.candidates <= need;
     if constexpr (kKeyBits == 16) {
       // 16-bit rows whose candidates from the pivot digit up fit the list: one more pass over
       // the registers places them, in column order, and the pivot digit is resolved there.
       // The other pass over the registers and its count of greater and equal scores, which
       // every element went through, then apply to the list only.
-      const std::uint32_t listed = all_kept ? s.pivot.candidates
-                                            : p.k_select - s.pivot.need + s.pivot.count;
+      // At most the list's words (the count itself comes from the scan below).
+      const std::uint32_t listed = row_all_kept ? static_cast<std::uint32_t>(hi - lo)
+                                   : all_kept   ? s.pivot.candidates
+                                                : p.k_select - s.pivot.need + s.pivot.count;
       if (pass == 0 && listed <= p.candidate_words) {  // uniform
-        const std::uint32_t digit = s.pivot.digit, digit_need = s.pivot.need;
+        const std::uint32_t digit = all_kept ? 0u : s.pivot.digit;
+        const std::uint32_t digit_need = all_kept ? 0u : s.pivot.need;
         const std::uint32_t bound = (all_kept ? 1u : digit) << (shift + kLow);
         std::uint32_t n = 0;
 #pragma unroll
@@ -386,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_on_target<kThreads, kMin
         for (int i = 0; i < kPerThread; ++i) append_if_above(at, sc[i], bound - 1);
         __syncthreads();
         const std::uint32_t kept =
-            resolve_short_list<kThreads>(list, listed, all_kept, digit, digit_need, key, s);
+            resolve_short_list<kThreads>(list, total, all_kept, digit, digit_need, key, s);
         const auto lo32 = static_cast<std::uint32_t>(lo);
         if (p.sort_by_value) {  // the sort takes scores and columns apart
           for (std::uint32_t j = tid; j < kept; j += kThreads) {
