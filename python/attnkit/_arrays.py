@@ -91,8 +91,8 @@ def _torch_dtype_name(dtype: Any) -> Optional[str]:
 
 def dtype_name(dtype: Any) -> str:
     """Canonical name of a dtype given as a name ("int32"), a NumPy dtype, a sized NumPy type
-    code ("i4", "<i8", "f2") or a torch dtype. Names whose size depends on the platform ("long",
-    "int") are refused."""
+    code ("i4", "<i8", "f2") or a torch dtype. Names and types whose size depends on the platform
+    ("long", "int", Python's int) are refused."""
     if isinstance(dtype, str):
         if dtype in DTYPE_CODES:
             return dtype
@@ -102,6 +102,8 @@ def dtype_name(dtype: Any) -> str:
         if name is None:
             raise TypeError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
         return name
+    if dtype is int:  # np.dtype(int) is int32 on Windows with NumPy < 2, as "int" and "long"
+        raise TypeError("dtype int has a size that depends on the platform")
     torch = _torch()
     if torch is not None and isinstance(dtype, torch.dtype):
         name = _torch_dtype_name(dtype)

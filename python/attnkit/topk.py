@@ -258,7 +258,9 @@ def topk(
     indices_dtype : "int32" or "int64" (or a NumPy/torch dtype, or a code such as "i4"), optional
         Dtype of the returned indices (default int64; int32 for a JAX x while
         ``jax_enable_x64`` is off, where int64 raises ValueError). With ``out_indices`` it may
-        be left out; given, it must be ``out_indices``' dtype (ValueError otherwise).
+        be left out; given, it must be ``out_indices``' dtype (ValueError otherwise). Names
+        and types whose size depends on the platform ("long", "int", "l", Python's ``int``)
+        raise TypeError.
     return_values : bool
         Return the values too (default). With False the first result is None.
     out_values, out_indices : array of shape [B, k] ([k] for x of shape [N]), optional
@@ -368,7 +370,8 @@ def topk(
         or (isinstance(k, int) and not isinstance(k, bool) and _dynamo_tracing(torch_module)))
     if not (plain and _within_int64(k, torch_module)) and (plain or not traced_k):
         k = _integer("k", k, "must be in [0, 2^31 - 1]")
-    index_fill = _integer("index_fill", index_fill, "does not fit the int64 indices")
+    # Beyond int64 fits no indices: int32 ones are checked by the C++ layer, which names them.
+    index_fill = _integer("index_fill", index_fill, "does not fit int64, the widest indices")
     if not isinstance(largest, (bool, np.bool_)):
         raise TypeError(f"topk: largest = {largest!r}; expected a bool")
     if not isinstance(return_values, (bool, np.bool_)):
@@ -585,15 +588,15 @@ def topk(
 
 def _platform_code_note(dtype: Any) -> str:
     """For a string that NumPy reads as int32 or int64 but attnkit does not take, a NumPy code
-    or name whose size depends on the platform ("l", "int_", "long"), why it was refused; for
-    anything else ""."""
+    or name whose size depends on the platform ("l", "int_", "long"), or Python's int, why it
+    was refused; for anything else ""."""
     try:
-        meant = isinstance(dtype, str) and np.dtype(dtype) in (np.int32, np.int64)
+        meant = dtype is int or isinstance(dtype, str) and np.dtype(dtype) in (np.int32, np.int64)
     except TypeError:
         meant = False
     if not meant:
         return ""
-    return (" (a code whose size depends on the platform is refused: spell it 'int32', "
+    return (" (a code or type whose size depends on the platform is refused: spell it 'int32', "
             "'int64', 'i4' or 'i8')")
 
 

@@ -35,6 +35,9 @@ from .topk import _dynamo_tracing, _kernel_topk
 
 _LIB = torch.library.Library("attnkit", "DEF")
 
+# The op's schema takes `sorted` by name only (attnkit.topk turns a bool into one).
+_OP_ORDERS = {name: code for name, code in _ORDERS.items() if isinstance(name, str)}
+
 _LIB.define(
     "topk(Tensor x, SymInt k, bool largest=True, str sorted='none', Tensor? begin=None, "
     "Tensor? end=None, ScalarType? indices_dtype=None, bool return_values=True, "
@@ -57,6 +60,7 @@ def _out_shape(x: torch.Tensor, k: int) -> tuple:
 def _topk_impl(x, k, largest=True, sorted="none", begin=None, end=None, indices_dtype=None,
                return_values=True, index_offset=None, index_fill=-1, value_fill=None,
                nan="largest", ties="lowest_index", check=None):
+    _choice("sorted", sorted, _OP_ORDERS)
     values, indices = _kernel_topk(
         x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         indices_dtype=indices_dtype or torch.int64, return_values=return_values,
@@ -100,7 +104,7 @@ def _check_fake_call(x, k, sorted="none", nan="largest", ties="lowest_index",
     # graph runs; the message names k's value wherever the trace has one (_k_is).
     torch._check_value(k >= 0, lambda: f"topk: {_k_is(k)} must be >= 0")
     torch._check_value(k <= 2**31 - 1, lambda: f"topk: {_k_is(k)} must be <= 2^31 - 1")
-    order = _choice("sorted", sorted, _ORDERS)
+    order = _choice("sorted", sorted, _OP_ORDERS)
     nan_code = _choice("nan", nan, _NANS)
     ties_code = _choice("ties", ties, _TIES)
     if indices_dtype not in (None, torch.int32, torch.int64):
@@ -191,6 +195,7 @@ def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_
 
 def _topk_out_impl(x, k, largest, sorted, begin, end, index_offset, index_fill, value_fill, nan,
                    ties, check, out_values, out_indices):
+    _choice("sorted", sorted, _OP_ORDERS)
     _kernel_topk(
         x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         return_values=out_values is not None, out_values=out_values, out_indices=out_indices,

@@ -83,6 +83,17 @@ def test_sorted_and_sorted_index_together_raise():
         deep_select.topk(x, 4, sorted=True, sorted_index=True)
 
 
+@pytest.mark.parametrize("flag", ("sorted", "sorted_index", "return_value",
+                                  "abort_when_nan_found"))
+@pytest.mark.parametrize("value", ("none", 1, None), ids=("str", "int", "None"))
+def test_flags_must_be_bools(flag, value):
+    # DeepSelect's flags are bools: a string such as "none" would otherwise read as True.
+    x = torch.randn(2, 16)
+    with pytest.raises(TypeError, match=rf"topk: {flag} = {value!r}; expected a bool"):
+        deep_select.topk(x, 4, **{flag: value})
+    assert deep_select.topk(x, 4, **{flag: np.bool_(False)})[1].shape == (2, 4)
+
+
 @pytest.mark.parametrize("indices_type", (torch.int32, torch.int64), ids=("i32", "i64"))
 def test_output_idx_offset_and_fills(indices_type):
     rng = rng_for("ds_out", str(indices_type))

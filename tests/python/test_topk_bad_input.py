@@ -245,6 +245,9 @@ CASES = [
     # fills and options
     Bad("index_fill_past_int32", _wrong("if", index_fill=2**31, indices_dtype="int32"),
         ValueError, ("index_fill = 2147483648", "int32")),
+    Bad("index_fill_past_int64_int32_indices",
+        _wrong("if", index_fill=2**63, indices_dtype="int32"), ValueError,
+        ("index_fill = 9223372036854775808 does not fit int64, the widest indices",)),
     Bad("index_fill_below_int32", _wrong("if", index_fill=-(2**31) - 1, indices_dtype="int32"),
         ValueError, ("index_fill = -2147483649", "int32")),
     Bad("sorted_unknown", _wrong("s", sorted="descending"), ValueError,
@@ -258,6 +261,8 @@ CASES = [
         ("indices_dtype", "int16"), add_outputs=False),
     Bad("indices_dtype_platform_code", _wrong("d", indices_dtype="l"), TypeError,
         ("indices_dtype = 'l'", "depends on the platform", "'i8'"), add_outputs=False),
+    Bad("indices_dtype_python_int", _wrong("d", indices_dtype=int), TypeError,
+        ("indices_dtype = <class 'int'>", "depends on the platform"), add_outputs=False),
     Bad("indices_dtype_float32", _wrong("d", indices_dtype=np.float32), TypeError,
         ("indices_dtype", "float32"), add_outputs=False),
     Bad("indices_dtype_unknown_name", _wrong("d", indices_dtype="long"), TypeError,

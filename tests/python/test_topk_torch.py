@@ -179,6 +179,20 @@ def test_op_topk_schema_defaults():
     assert_same_result((to_numpy(v), i.numpy()), want, "torch.ops.attnkit.topk(x, 7)")
 
 
+def test_op_sorted_names_only_what_its_schema_takes():
+    # The op's `sorted` is a string: its message offers no bool, which the schema would refuse.
+    x = torch.randn(3, 20)
+    want = r"topk: sorted = 'Value'; expected one of 'none', 'index', 'value'$"
+    with pytest.raises(ValueError, match=want):
+        torch.ops.attnkit.topk(x, 4, sorted="Value")
+    with pytest.raises(ValueError, match=want):
+        torch.ops.attnkit.topk_out(x, 4, True, "Value", None, None, None, -1, None, "largest",
+                                   "lowest_index", None, None, torch.empty(3, 4, dtype=torch.int64))
+    with pytest.raises(Exception, match="expected one of 'none', 'index', 'value'\"\)"):
+        torch.compile(lambda t: torch.ops.attnkit.topk(t, 4, sorted="Value"), backend="eager",
+                      fullgraph=True)(x)
+
+
 @pytest.mark.parametrize("return_values", (True, False), ids=lambda b: f"return_values={b}")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_op_topk_all_arguments(dtype, return_values):

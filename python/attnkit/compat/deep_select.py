@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional, Tuple
 
+import numpy as np
+
 from ..topk import topk as _topk
 
 # attnkit's argument names in error messages -> DeepSelect's.
@@ -66,6 +68,11 @@ def topk(
     exclusive as in DeepSelect. ``indices_type`` defaults to int64, or to the dtype of
     ``output_idx`` when that is given. See ``attnkit.topk``.
     """
+    flags = {"sorted": sorted, "sorted_index": sorted_index, "return_value": return_value,
+             "abort_when_nan_found": abort_when_nan_found}
+    for name, flag in flags.items():  # DeepSelect's flags are bools: "none" is no False
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"topk: {name} = {flag!r}; expected a bool")
     if sorted and sorted_index:
         raise ValueError("topk: sorted and sorted_index cannot both be True")
     del hint
