@@ -267,7 +267,9 @@ def topk(
         Caller buffers written in place (any row stride whose rows do not overlap, last
         dimension contiguous).
     index_offset : array of shape [B], int32 or int64, optional
-        Added to every returned index of row b (not to padding).
+        Added to every returned index of row b (not to padding). A negative offset can make
+        a real index equal ``index_fill`` (-1 by default): pick a fill no offset column can
+        take (e.g. 2**31 - 1) where padding must be told apart.
     index_fill : int
         Index written to padding slots (default -1). It must fit the indices' dtype (int32 or
         int64; ValueError otherwise), whether or not a slot is padded.
@@ -416,7 +418,7 @@ def topk(
             pass
         if index_name not in ("int32", "int64"):
             raise TypeError(f"topk: indices_dtype = {indices_dtype!r}; expected int32 or int64"
-                            + _platform_code_note(indices_dtype))
+                            + _indices_dtype_note(indices_dtype))
         if narrow and index_name == "int64":
             raise ValueError("topk: indices_dtype = int64, but x is a JAX array and "
                              "jax_enable_x64 is off, so jax.numpy would narrow the indices to "
@@ -586,15 +588,24 @@ def topk(
     return tuple.__new__(TopkResult, (values, indices))
 
 
-def _platform_code_note(dtype: Any) -> str:
-    """For a string that NumPy reads as int32 or int64 but attnkit does not take, a NumPy code
-    or name whose size depends on the platform ("l", "int_", "long"), or Python's int, why it
-    was refused; for anything else ""."""
-    try:
-        meant = dtype is int or isinstance(dtype, str) and np.dtype(dtype) in (np.int32, np.int64)
-    except TypeError:
-        meant = False
-    if not meant:
+def _indices_dtype_note(dtype: Any) -> str:
+    """Why an int32 or int64 that attnkit does not take was refused: a NumPy code or name
+    whose size depends on the platform ("l", "int_", "long"), Python's int, or a byte order
+    other than the machine's (">i8" on x86); for anything else ""."""
+    if dtype is int:
+        platform = True
+    else:
+        try:
+            as_numpy = np.dtype(dtype) if isinstance(dtype, (str, np.dtype)) else None
+        except TypeError:
+            as_numpy = None
+        if as_numpy is None or as_numpy.kind != "i" or as_numpy.itemsize not in (4, 8):
+            return ""
+        if not as_numpy.isnative:
+            return (f" (indices are written in this machine's byte order: pass "
+                    f"'int{8 * as_numpy.itemsize}')")
+        platform = isinstance(dtype, str)
+    if not platform:
         return ""
     return (" (a code or type whose size depends on the platform is refused: spell it 'int32', "
             "'int64', 'i4' or 'i8')")
