@@ -499,8 +499,30 @@ def _complain(message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def _join_negative_floats(argv: Sequence[str]) -> list[str]:
+    """argv with `--value-fill V` as `--value-fill=V` where V is a number: argparse reads only
+    plain negatives such as -1.5 as values, and takes -inf or -1e3 for options."""
+    out: list[str] = []
+    it = iter(argv)
+    for token in it:
+        if token == "--value-fill":
+            value = next(it, None)
+            if value is None:
+                out.append(token)
+                break
+            try:
+                float(value)
+            except ValueError:
+                out += [token, value]
+                continue
+            token = f"--value-fill={value}"
+        out.append(token)
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = _join_negative_floats(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)  # exits with code 2 on a usage error
     if args.command is None:
         parser.error("a command is required: demo, topk or info")  # exits with code 2

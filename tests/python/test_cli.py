@@ -101,6 +101,31 @@ def test_topk_command_writes_the_op_result(tmp_path, capsys):
                        "attnkit topk command")
 
 
+@pytest.mark.parametrize("fill", ("-inf", "-1e3", "-2.5", "7"))
+def test_topk_command_takes_negative_value_fills(tmp_path, fill):
+    # argparse alone takes -inf and -1e3 for options; the padding slots get the number.
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "o.npz"
+    argv = ["topk", "-i", str(tmp_path / "x.npy"), "-k", "6", "--value-fill", fill, "-o",
+            str(out)]
+    assert cli.main(argv) == 0
+    got = np.load(out)
+    assert_same_result((got["values"], got["indices"]), attnkit.topk(x, 6, value_fill=float(fill)),
+                       f"--value-fill {fill}")
+    assert (got["values"][:, 5] == np.float32(fill)).all()
+
+
+def test_topk_command_value_fill_still_needs_a_number(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["topk", "-i", str(tmp_path / "x.npy"), "-k", "3", "--value-fill", "--no-values",
+                  "-o", str(tmp_path / "o.npz")])
+    assert info.value.code == 2
+    assert "argument --value-fill: expected one argument" in capsys.readouterr().err
+    assert not (tmp_path / "o.npz").exists()
+
+
 @pytest.mark.parametrize("k, fragment", [(-1, "-k -1: must be in [0, 2^31 - 1]"),
                                          (2**31, "-k 2147483648: must be in [0, 2^31 - 1]")])
 def test_topk_command_refuses_k_out_of_range(tmp_path, k, fragment, capsys):
