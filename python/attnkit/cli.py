@@ -499,7 +499,7 @@ def _complain(message: str) -> None:
         print(message, file=sys.stderr)
 
 
-def _join_negative_floats(argv: Sequence[str]) -> list[str]:
+def _join_value_fill(argv: Sequence[str]) -> list[str]:
     """argv with `--value-fill V` as `--value-fill=V` where V is a number: argparse reads only
     plain negatives such as -1.5 as values, and takes -inf or -1e3 for options."""
     out: list[str] = []
@@ -522,7 +522,7 @@ def _join_negative_floats(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    argv = _join_negative_floats(sys.argv[1:] if argv is None else argv)
+    argv = _join_value_fill(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)  # exits with code 2 on a usage error
     if args.command is None:
         parser.error("a command is required: demo, topk or info")  # exits with code 2

@@ -592,23 +592,20 @@ def _indices_dtype_note(dtype: Any) -> str:
     """Why an int32 or int64 that attnkit does not take was refused: a NumPy code or name
     whose size depends on the platform ("l", "int_", "long"), Python's int, or a byte order
     other than the machine's (">i8" on x86); for anything else ""."""
+    platform = (" (a code or type whose size depends on the platform is refused: spell it "
+                "'int32', 'int64', 'i4' or 'i8')")
     if dtype is int:
-        platform = True
-    else:
-        try:
-            as_numpy = np.dtype(dtype) if isinstance(dtype, (str, np.dtype)) else None
-        except TypeError:
-            as_numpy = None
-        if as_numpy is None or as_numpy.kind != "i" or as_numpy.itemsize not in (4, 8):
-            return ""
-        if not as_numpy.isnative:
-            return (f" (indices are written in this machine's byte order: pass "
-                    f"'int{8 * as_numpy.itemsize}')")
-        platform = isinstance(dtype, str)
-    if not platform:
+        return platform
+    try:
+        as_numpy = np.dtype(dtype) if isinstance(dtype, (str, np.dtype)) else None
+    except TypeError:
         return ""
-    return (" (a code or type whose size depends on the platform is refused: spell it 'int32', "
-            "'int64', 'i4' or 'i8')")
+    if as_numpy is None or as_numpy.kind != "i" or as_numpy.itemsize not in (4, 8):
+        return ""
+    if not as_numpy.isnative:
+        bits = 8 * as_numpy.itemsize
+        return f" (indices are written in this machine's byte order: pass 'int{bits}')"
+    return platform if isinstance(dtype, str) else ""
 
 
 def _recorded(torch: Any) -> bool:

@@ -68,9 +68,10 @@ def topk(
     exclusive as in DeepSelect. ``indices_type`` defaults to int64, or to the dtype of
     ``output_idx`` when that is given. See ``attnkit.topk``.
     """
-    flags = {"sorted": sorted, "sorted_index": sorted_index, "return_value": return_value,
+    # DeepSelect's flags are bools ("none" is no False); attnkit.topk checks return_value.
+    flags = {"sorted": sorted, "sorted_index": sorted_index,
              "abort_when_nan_found": abort_when_nan_found}
-    for name, flag in flags.items():  # DeepSelect's flags are bools: "none" is no False
+    for name, flag in flags.items():
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"topk: {name} = {flag!r}; expected a bool")
     if sorted and sorted_index:
