@@ -55,7 +55,7 @@ def parse_log(lines) -> tuple[list[str], dict]:
             continue
         if not us > 0:
             continue
-        rows = {"yes": " causal", "end": " end"}.get(f[4], "")
+        rows = {"yes": " causal", "last": " last", "end": " end"}.get(f[4], "")
         case = f"{f[0]} {f[1]}x{f[2]} k={f[3]}{rows}" + ("" if f[5] == "yes" else " no-values")
         seen[case] += 1
         if seen[case] > 1:

@@ -5,8 +5,10 @@
 // Usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S]
 //                           [--sorted none|index|value] [--warm-code 0|1]
 //                           [--dist normal|uniform|lognormal] [CASE ...]
-//   CASE = dtype:B:N:k[:causal|:end]   dtype in {bf16, f16, f32}; causal makes end[b] rise to
-//          N; end passes end[b] = N (uniform rows through the ragged-row dispatch)
+//   CASE = dtype:B:N:k[:causal|:last|:end]   dtype in {bf16, f16, f32}; causal makes end[b]
+//          rise to N as ceil(N (b + 1) / B); last as N - B + 1 + b, the last B queries of an
+//          N-key context (bench/bench_topk.py's dsa-causal rows); end passes end[b] = N
+//          (uniform rows through the ragged-row dispatch)
 // Without cases it runs the DSA and sampling shapes of bench/bench_topk.py.
 // Method: after L2 flushes that bring the GPU's clocks up, one call captured in a CUDA graph,
 // replayed R times, each replay timed with events after L2 is flushed; the median is printed with
@@ -46,7 +48,8 @@ struct Case {
   attnkit::DType dtype;
   std::int64_t batch, n, k;
   bool causal;
-  bool with_end;  // pass `end` (causal implies it)
+  bool last;      // causal rows of the last B queries: end[b] = N - B + 1 + b
+  bool with_end;  // pass `end` (causal and last imply it)
 };
 
 bool parse_case(const std::string& s, Case& c) {
@@ -62,7 +65,8 @@ bool parse_case(const std::string& s, Case& c) {
   else return false;
   c.batch = b, c.n = n, c.k = k;
   c.causal = got == 5 && std::string(tail) == "causal";
-  c.with_end = c.causal || (got == 5 && std::string(tail) == "end");
+  c.last = got == 5 && std::string(tail) == "last";
+  c.with_end = c.causal || c.last || (got == 5 && std::string(tail) == "end");
   if (got == 5 && !c.with_end) return false;
   return b > 0 && n > 0 && k >= 0;
 }
@@ -73,12 +77,15 @@ std::vector<Case> default_cases() {
   for (std::int64_t k : {512, 2048}) {
     for (auto [b, n] : {std::pair<std::int64_t, std::int64_t>{1, 131072}, {8, 131072}, {1, 1048576},
                         {256, 65536}, {256, 131072}, {256, 1048576}, {4096, 8192}}) {
-      out.push_back({DType::kBFloat16, b, n, k, false, false});
+      out.push_back({DType::kBFloat16, b, n, k, false, false, false});
     }
-    out.push_back({DType::kBFloat16, 4096, 8192, k, true, true});
+    // bench_topk.py's dsa-causal rows: the last 4096 queries of an 8192-key context.
+    out.push_back({DType::kBFloat16, 4096, 8192, k, false, true, true});
   }
   for (std::int64_t k : {1, 50, 1024, 4096}) {
-    for (std::int64_t b : {1, 256}) out.push_back({DType::kFloat32, b, 129280, k, false, false});
+    for (std::int64_t b : {1, 256}) {
+      out.push_back({DType::kFloat32, b, 129280, k, false, false, false});
+    }
   }
   return out;
 }
@@ -107,7 +114,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: attnkit_bench_cuda [--reps R] [--values 0|1] [--flush clean|write] [--seed S] "
           "[--sorted none|index|value] [--warm-code 0|1] [--dist normal|uniform|lognormal] "
-          "[CASE ...]\n  CASE = dtype:B:N:k[:causal|:end], dtype in {bf16, f16, f32}\n"
+          "[CASE ...]\n  CASE = dtype:B:N:k[:causal|:last|:end], dtype in {bf16, f16, f32}\n"
           "  Times attnkit::topk on GPU 0 (a CUDA-graph replay per repeat, L2 flushed); without\n"
           "  cases it runs the shapes of bench/bench_topk.py.\n");
       return 0;
@@ -148,7 +155,7 @@ int main(int argc, char** argv) {
     } else {
       Case c{};
       if (!parse_case(a, c)) {
-        std::fprintf(stderr, "bad case '%s' (want dtype:B:N:k[:causal|:end])\n", a.c_str());
+        std::fprintf(stderr, "bad case '%s' (want dtype:B:N:k[:causal|:last|:end])\n", a.c_str());
         return 2;
       }
       list.push_back(c);
@@ -231,7 +238,10 @@ int main(int argc, char** argv) {
     std::vector<std::int32_t> ends(static_cast<std::size_t>(c.batch));
     std::int64_t valid = 0;
     for (std::int64_t b = 0; b < c.batch; ++b) {
-      ends[b] = static_cast<std::int32_t>(c.causal ? (c.n * (b + 1) + c.batch - 1) / c.batch : c.n);
+      ends[b] = static_cast<std::int32_t>(
+          c.causal ? (c.n * (b + 1) + c.batch - 1) / c.batch
+          : c.last ? std::max<std::int64_t>(1, c.n - c.batch + 1 + b)
+                   : c.n);
       valid += ends[b];
     }
     // One call's buffers and its captured graph; the decoy of --warm-code gets a set of its own.
@@ -292,10 +302,10 @@ int main(int argc, char** argv) {
     const double bytes =
         static_cast<double>(valid * static_cast<std::int64_t>(elem)) +
         static_cast<double>(c.batch * c.k * (4 + (values ? static_cast<std::int64_t>(elem) : 0)));
+    const char* rows = c.causal ? "yes" : c.last ? "last" : c.with_end ? "end" : "no";
     std::printf("%-5s %6lld %8lld %5lld %-6s %-6s %10.2f %8.3f\n", short_name(c.dtype),
                 static_cast<long long>(c.batch), static_cast<long long>(c.n),
-                static_cast<long long>(c.k), c.causal ? "yes" : (c.with_end ? "end" : "no"),
-                values ? "yes" : "no", med, bytes / med / 1e6);
+                static_cast<long long>(c.k), rows, values ? "yes" : "no", med, bytes / med / 1e6);
     std::fflush(stdout);
     for (Call* call : {&timed, &decoy}) {
       if (call->exec != nullptr) cudaGraphExecDestroy(call->exec);

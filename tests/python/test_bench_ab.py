@@ -36,6 +36,7 @@ if seed == {fail_seed}:
 print("bf16       8   131072   512 yes    no     %10.2f    0.170" % (20.0 * factor))
 print("bf16       8   131072   512 end    yes    %10.2f    0.170" % (30.0 * factor))
 print("bf16       8   131072   512 end    yes    %10.2f    0.170" % (40.0 * factor))
+print("bf16    4096     8192   512 last   yes    %10.2f    1.100" % (50.0 * factor))
 """
 
 
@@ -89,6 +90,7 @@ def test_summary_gives_the_per_seed_geometric_mean_and_the_seeds_won(tmp_path, c
     assert rows["bf16 8x131072 k=512 causal no-values"][0] == "20.00"
     assert rows["bf16 8x131072 k=512 end"][0] == "30.00"
     assert rows["bf16 8x131072 k=512 end #2"][0] == "40.00"
+    assert rows["bf16 4096x8192 k=512 last"][0] == "50.00"
     # The log holds every run and gives the same summary again.
     assert ab_cuda.main(["--summarize", str(log)]) == 0
     assert capsys.readouterr().out == out
