@@ -29,7 +29,7 @@ inline constexpr std::int64_t kClusterMaxLen =
 
 /// Rows of more than kWideChoiceLen columns, up to kMaxClusterCtas * kShortMaxLen, may also run
 /// with 512-thread CTAs, half as many a row: the dispatch takes them (`wide`) for batches of
-/// 16-bit rows whose 16-CTA clusters would not all be resident one CTA an SM.
+/// rows whose 16-CTA clusters would not all be resident one CTA an SM.
 inline constexpr std::int64_t kWideChoiceLen = kShortMaxLen * kMaxClusterCtas / 2;
 
 /// Threads per CTA the cluster kernel runs a row of `row_len` columns with.
