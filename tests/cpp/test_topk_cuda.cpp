@@ -177,6 +177,7 @@ struct Case {
   attnkit::TopkOrder order = attnkit::TopkOrder::kNone;
   attnkit::NanPolicy nan = attnkit::NanPolicy::kLargest;
   bool ragged = false;        // per-row begin/end (int32), including empty rows
+  bool causal = false;        // end[b] = ceil(N (b + 1) / B), begin 0 (not with ragged)
   bool ends_past_n = false;   // some end[b] > N and some negative (clamped; check off)
   bool offset = false;        // index_offset (int64)
   bool int32_indices = false;
@@ -190,7 +191,8 @@ struct Case {
     std::ostringstream s;
     s << attnkit::dtype_name(dtype) << " B=" << batch << " N=" << n << " k=" << k << " dist="
       << dist_name(dist) << " largest=" << largest << " order=" << static_cast<int>(order)
-      << " nan=" << static_cast<int>(nan) << " ragged=" << ragged << " past_n=" << ends_past_n
+      << " nan=" << static_cast<int>(nan) << " ragged=" << ragged << " causal=" << causal
+      << " past_n=" << ends_past_n
       << " offset=" << offset << " i32=" << int32_indices << " values=" << values
       << " misalign=" << misalign << " pad=" << pad << " out_pad=" << out_pad << " seed=" << seed;
     return s.str();
@@ -343,6 +345,12 @@ void check_case(const Case& c, bool graph = false) {
   std::vector<std::int32_t> begin, end;
   std::vector<std::int64_t> offset;
   std::mt19937_64 rng(c.seed * 7 + 3);
+  if (c.causal) {
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+      begin.push_back(0);
+      end.push_back(static_cast<std::int32_t>((c.n * (b + 1) + c.batch - 1) / c.batch));
+    }
+  }
   if (c.ragged) {
     for (std::int64_t b = 0; b < c.batch; ++b) {
       std::int64_t e = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.n + 1));
@@ -624,6 +632,31 @@ TEST_F(TopkCuda, ShortRowsCandidateList) {
         c.seed = seed++;
         check_case(c);
       }
+    }
+  }
+}
+
+// Causal rows of the short-row kernel, ending anywhere from the first column to the last: the
+// threads, and whole warps, past a row's end hold no column and skip the per-element loops, so
+// each row's result rests on the threads before it. Both CTA shapes (fp32 rows of more than 4096
+// columns take 512 threads), both 16-bit paths (k=7 and 700 resolve in the candidate list,
+// k=3000 in the registers), the distributions in turn.
+TEST_F(TopkCuda, SmallShortRowsCausal) {
+  std::uint64_t seed = 7300;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32, DType::kFloat16}) {
+    for (std::int64_t k : {7, 700, 3000}) {
+      Case c;
+      c.dtype = dtype;
+      c.batch = 67;
+      c.n = 8192 - static_cast<std::int64_t>(seed % 2);
+      c.k = k;
+      c.causal = true;
+      c.dist = static_cast<Dist>(seed % kDists);
+      c.largest = seed % 3 != 1;
+      c.order = seed % 4 == 1 ? attnkit::TopkOrder::kIndex : attnkit::TopkOrder::kNone;
+      c.misalign = c.dist == Dist::kSampleBait ? 0 : static_cast<std::int64_t>(seed % 2);
+      c.seed = seed++;
+      check_case(c);
     }
   }
 }
