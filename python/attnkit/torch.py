@@ -13,9 +13,12 @@ Ops
 ``attnkit::topk(Tensor x, SymInt k, bool largest, str sorted, Tensor? begin, Tensor? end,
 ScalarType? indices_dtype, bool return_values, Tensor? index_offset, int index_fill,
 float? value_fill, str nan, str ties, bool? check) -> (Tensor values, Tensor indices)``
-    ``values`` is an empty tensor when ``return_values`` is False. Differentiable in ``x``:
-    the gradient of a selected value flows to its element; padding slots (those after a row's
-    first min(k, selectable) entries) carry none.
+    ``values`` is an empty tensor when ``return_values`` is False. Differentiable in ``x``
+    by reverse mode: the gradient of a selected value flows to its element; padding slots
+    (those after a row's first min(k, selectable) entries) carry none. A dual ``x`` of
+    forward-mode AD raises ``NotImplementedError`` when values are returned; under
+    ``torch.func.jvp`` the op does not see the tangent and its outputs carry none (a zero
+    tangent), where ``attnkit.topk`` refuses the transform by name.
 
 ``attnkit::topk_out(..., Tensor(a!)? out_values, Tensor(b!) out_indices) -> ()``
     Writes caller buffers in place.
@@ -31,7 +34,7 @@ import torch
 
 from . import _arrays, _ext
 from .topk import _CHECKS, _NANS, _ORDERS, _TIES, _choice
-from .topk import _dynamo_tracing, _kernel_topk
+from .topk import _dynamo_tracing, _kernel_topk, _refuse_forward_ad
 
 _LIB = torch.library.Library("attnkit", "DEF")
 
@@ -61,6 +64,10 @@ def _topk_impl(x, k, largest=True, sorted="none", begin=None, end=None, indices_
                return_values=True, index_offset=None, index_fill=-1, value_fill=None,
                nan="largest", ties="lowest_index", check=None):
     _choice("sorted", sorted, _OP_ORDERS)
+    if return_values:
+        # A dual x reaches this kernel with its tangent (its autograd formula is reached only
+        # when x requires grad): refused, as attnkit.topk refuses it, not dropped.
+        _refuse_forward_ad(torch, x)
     values, indices = _kernel_topk(
         x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         indices_dtype=indices_dtype or torch.int64, return_values=return_values,
@@ -196,6 +203,8 @@ def _topk_fake(x, k, largest=True, sorted="none", begin=None, end=None, indices_
 def _topk_out_impl(x, k, largest, sorted, begin, end, index_offset, index_fill, value_fill, nan,
                    ties, check, out_values, out_indices):
     _choice("sorted", sorted, _OP_ORDERS)
+    if out_values is not None:
+        _refuse_forward_ad(torch, x)
     _kernel_topk(
         x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         return_values=out_values is not None, out_values=out_values, out_indices=out_indices,

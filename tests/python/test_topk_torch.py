@@ -989,6 +989,29 @@ def test_forward_mode_ad_is_refused_by_name():
         torch.func.linearize(lambda a: attnkit.topk(a, 3).values, x)
 
 
+@_JIT_DEPRECATED
+def test_forward_mode_ad_through_the_ops_is_refused_by_name():
+    # The raw ops see a dual x's tangent too; they must not drop it silently.
+    import torch.autograd.forward_ad as forward_ad
+
+    x = torch.randn(2, 10)
+    values = torch.empty(2, 3)
+    indices = torch.empty(2, 3, dtype=torch.int64)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(NotImplementedError, match="topk: forward-mode AD"):
+            torch.ops.attnkit.topk(dual, 3)
+        with pytest.raises(NotImplementedError, match="topk: forward-mode AD"):
+            torch.ops.attnkit.topk_out(dual, 3, True, "none", None, None, None, -1, None,
+                                       "largest", "lowest_index", None, values, indices)
+        # Indices carry no derivative: returning them alone is fine.
+        got = torch.ops.attnkit.topk(dual, 3, return_values=False)[1]
+        assert torch.equal(torch.sort(got).values, stable_topk_indices(x, 3, True))
+        torch.ops.attnkit.topk_out(dual, 3, True, "none", None, None, None, -1, None,
+                                   "largest", "lowest_index", None, None, indices)
+        assert torch.equal(torch.sort(indices).values, stable_topk_indices(x, 3, True))
+
+
 def test_nested_x_is_refused_by_name():
     nested = torch.nested.nested_tensor([torch.randn(3), torch.randn(4)], layout=torch.jagged)
     with pytest.raises(ValueError, match="topk: x is a nested tensor"):
