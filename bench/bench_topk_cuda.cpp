@@ -44,12 +44,18 @@ void cuda_ok(cudaError_t e, const char* what) {
   }
 }
 
+/// A case's row ends, and its name in the CASE syntax and the output's causal column.
+enum class Rows {
+  kFull,    // no `end`
+  kEnd,     // end[b] = N, passed (uniform rows through the ragged-row dispatch)
+  kCausal,  // end[b] = ceil(N (b + 1) / B)
+  kLast,    // end[b] = N - B + 1 + b: the last B queries of an N-key context
+};
+
 struct Case {
   attnkit::DType dtype;
   std::int64_t batch, n, k;
-  bool causal;
-  bool last;      // causal rows of the last B queries: end[b] = N - B + 1 + b
-  bool with_end;  // pass `end` (causal and last imply it)
+  Rows rows = Rows::kFull;
 };
 
 bool parse_case(const std::string& s, Case& c) {
@@ -64,10 +70,14 @@ bool parse_case(const std::string& s, Case& c) {
   else if (d == "f32") c.dtype = attnkit::DType::kFloat32;
   else return false;
   c.batch = b, c.n = n, c.k = k;
-  c.causal = got == 5 && std::string(tail) == "causal";
-  c.last = got == 5 && std::string(tail) == "last";
-  c.with_end = c.causal || c.last || (got == 5 && std::string(tail) == "end");
-  if (got == 5 && !c.with_end) return false;
+  c.rows = Rows::kFull;
+  if (got == 5) {
+    const std::string t = tail;
+    if (t == "causal") c.rows = Rows::kCausal;
+    else if (t == "last") c.rows = Rows::kLast;
+    else if (t == "end") c.rows = Rows::kEnd;
+    else return false;
+  }
   return b > 0 && n > 0 && k >= 0;
 }
 
@@ -77,14 +87,14 @@ std::vector<Case> default_cases() {
   for (std::int64_t k : {512, 2048}) {
     for (auto [b, n] : {std::pair<std::int64_t, std::int64_t>{1, 131072}, {8, 131072}, {1, 1048576},
                         {256, 65536}, {256, 131072}, {256, 1048576}, {4096, 8192}}) {
-      out.push_back({DType::kBFloat16, b, n, k, false, false, false});
+      out.push_back({DType::kBFloat16, b, n, k});
     }
     // bench_topk.py's dsa-causal rows: the last 4096 queries of an 8192-key context.
-    out.push_back({DType::kBFloat16, 4096, 8192, k, false, true, true});
+    out.push_back({DType::kBFloat16, 4096, 8192, k, Rows::kLast});
   }
   for (std::int64_t k : {1, 50, 1024, 4096}) {
     for (std::int64_t b : {1, 256}) {
-      out.push_back({DType::kFloat32, b, 129280, k, false, false, false});
+      out.push_back({DType::kFloat32, b, 129280, k});
     }
   }
   return out;
@@ -239,9 +249,9 @@ int main(int argc, char** argv) {
     std::int64_t valid = 0;
     for (std::int64_t b = 0; b < c.batch; ++b) {
       ends[b] = static_cast<std::int32_t>(
-          c.causal ? (c.n * (b + 1) + c.batch - 1) / c.batch
-          : c.last ? std::max<std::int64_t>(1, c.n - c.batch + 1 + b)
-                   : c.n);
+          c.rows == Rows::kCausal ? (c.n * (b + 1) + c.batch - 1) / c.batch
+          : c.rows == Rows::kLast ? std::max<std::int64_t>(1, c.n - c.batch + 1 + b)
+                                  : c.n);
       valid += ends[b];
     }
     // One call's buffers and its captured graph; the decoy of --warm-code gets a set of its own.
@@ -264,7 +274,7 @@ int main(int argc, char** argv) {
               "copy end");
       attnkit::TopkTensors t;
       t.x = attnkit::TensorView::make(call.x, c.dtype, gpu, {c.batch, c.n});
-      if (c.with_end)
+      if (c.rows != Rows::kFull)
         t.end = attnkit::TensorView::make(call.end, attnkit::DType::kInt32, gpu, {c.batch});
       if (values) t.out_values = attnkit::TensorView::make(call.vals, c.dtype, gpu, {c.batch, c.k});
       t.out_indices =
@@ -302,7 +312,10 @@ int main(int argc, char** argv) {
     const double bytes =
         static_cast<double>(valid * static_cast<std::int64_t>(elem)) +
         static_cast<double>(c.batch * c.k * (4 + (values ? static_cast<std::int64_t>(elem) : 0)));
-    const char* rows = c.causal ? "yes" : c.last ? "last" : c.with_end ? "end" : "no";
+    const char* rows = c.rows == Rows::kCausal ? "yes"
+                       : c.rows == Rows::kLast ? "last"
+                       : c.rows == Rows::kEnd  ? "end"
+                                               : "no";
     std::printf("%-5s %6lld %8lld %5lld %-6s %-6s %10.2f %8.3f\n", short_name(c.dtype),
                 static_cast<long long>(c.batch), static_cast<long long>(c.n),
                 static_cast<long long>(c.k), rows, values ? "yes" : "no", med, bytes / med / 1e6);
