@@ -853,6 +853,10 @@ def run_case(seed, ci, p, device, rep, use_ref):
             m = wide_untouched(gd, p, whole=True)
             if m:
                 rep.fail("wrote on error (cuda)", f"{where} :: {m}")
+        if exp_err is not None and exp_err.startswith("NaN") and str(gc["exc"]) != str(gd["exc"]):
+            # Both name the first NaN in row-major order.
+            rep.fail("NaN error differs",
+                     f"{where} :: cpu={str(gc['exc'])[:150]} cuda={str(gd['exc'])[:150]}")
         return
     for name, g in (("cpu", gc), ("cuda", gd)):
         m = wide_untouched(g, p, whole=False)

@@ -38,9 +38,10 @@ NanPosition cpu_topk_find_nan(const TopkProblem& p);
 #if defined(ATTNKIT_WITH_CUDA)
 // CUDA (src/cuda/).
 std::size_t cuda_topk_workspace_size(const TopkProblem& p);
-/// Launches on `stream`. With nan = "raise" it synchronizes and throws Error(kNanFound).
-void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_bytes,
-               cudaStream_t stream);
+/// Launches on `stream`. With nan = "raise" it synchronizes and returns the first NaN in a
+/// valid range (row -1 when there is none), the outputs then being unspecified.
+NanPosition cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_bytes,
+                      cudaStream_t stream);
 /// Stream-ordered allocation from attnkit's cached pool for `device`.
 void* cuda_pool_allocate(Device device, std::size_t bytes, cudaStream_t stream);
 void cuda_pool_free(Device device, void* ptr, cudaStream_t stream);

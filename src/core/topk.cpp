@@ -56,19 +56,20 @@ void check_rows(const TopkProblem& p, cudaStream_t stream) {
 #endif
 }
 
+/// The error of nan = "raise", naming the first NaN in row-major order (both backends).
+void throw_if_nan(const TopkProblem& p, const detail::NanPosition& at) {
+  if (at.row < 0) return;
+  const std::string where = p.one_row ? "x[" + std::to_string(at.col) + "] is NaN, inside x's"
+                                      : "x[" + std::to_string(at.row) + ", " +
+                                            std::to_string(at.col) + "] is NaN, inside row " +
+                                            std::to_string(at.row) + "'s";
+  throw Error(ErrorCode::kNanFound, "topk: " + where + " valid range, and nan = \"raise\"");
+}
+
 void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   check_rows(p, stream);
   if (!on_cuda(p)) {
-    if (p.nan == NanPolicy::kRaise) {
-      const detail::NanPosition at = detail::cpu_topk_find_nan(p);
-      if (at.row >= 0) {
-        const std::string where = p.one_row ? "x[" + std::to_string(at.col) + "] is NaN, inside x's"
-                                            : "x[" + std::to_string(at.row) + ", " +
-                                                  std::to_string(at.col) + "] is NaN, inside row " +
-                                                  std::to_string(at.row) + "'s";
-        throw Error(ErrorCode::kNanFound, "topk: " + where + " valid range, and nan = \"raise\"");
-      }
-    }
+    if (p.nan == NanPolicy::kRaise) throw_if_nan(p, detail::cpu_topk_find_nan(p));
     if (p.backend == TopkBackend::kReference) {
       detail::cpu_topk_reference(p);
     } else {
@@ -77,7 +78,7 @@ void run(const TopkProblem& p, void* workspace, std::size_t workspace_bytes, cud
     return;
   }
 #if defined(ATTNKIT_WITH_CUDA)
-  detail::cuda_topk(p, workspace, workspace_bytes, stream);
+  throw_if_nan(p, detail::cuda_topk(p, workspace, workspace_bytes, stream));
 #else
   (void)workspace;
   (void)workspace_bytes;

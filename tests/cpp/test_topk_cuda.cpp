@@ -1113,9 +1113,22 @@ TEST_F(TopkCuda, SmallDeterministic) {
   EXPECT_TRUE(a.values == b.values);
 }
 
+/// Runs topk, which must raise kNanFound naming `where` (e.g. "x[1, 500]") as the first NaN.
+void expect_nan_error(const attnkit::TopkTensors& t, const attnkit::TopkOptions& o,
+                      const std::string& where) {
+  try {
+    attnkit::topk(t, o);
+    ADD_FAILURE() << "expected a NaN error at " << where;
+  } catch (const attnkit::Error& e) {
+    EXPECT_EQ(e.code(), attnkit::ErrorCode::kNanFound);
+    EXPECT_NE(std::string(e.what()).find(where + " is NaN"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TopkCuda, SmallNanRaise) {
   std::vector<float> x(2 * 1000, 1.0f);
   x[1500] = NAN;
+  x[1900] = NAN;  // later in the same row: the error names the first
   float* dx = device_copy(x);
   std::int64_t* di = nullptr;
   cudaMalloc(&di, 2 * 5 * sizeof(std::int64_t));
@@ -1125,13 +1138,8 @@ TEST_F(TopkCuda, SmallNanRaise) {
   attnkit::TopkOptions o;
   o.k = 5;
   o.nan = attnkit::NanPolicy::kRaise;
-  try {
-    attnkit::topk(t, o);
-    ADD_FAILURE() << "expected a NaN error";
-  } catch (const attnkit::Error& e) {
-    EXPECT_EQ(e.code(), attnkit::ErrorCode::kNanFound);
-  }
-  // The NaN lies outside row 1's range [0, 400): no error.
+  expect_nan_error(t, o, "x[1, 500]");
+  // The NaNs lie outside row 1's range [0, 400): no error.
   std::vector<std::int32_t> end = {1000, 400};
   std::int32_t* de = device_copy(end);
   t.end = TensorView::make(de, DType::kInt32, kGpu, {2});
@@ -1144,12 +1152,13 @@ TEST_F(TopkCuda, SmallNanRaise) {
   t.out_indices = TensorView::make(di, DType::kInt64, kGpu, {2, 0});
   EXPECT_NO_THROW(attnkit::topk(t, o));  // the NaN lies outside row 1's range
   t.end.reset();
-  try {
-    attnkit::topk(t, o);
-    ADD_FAILURE() << "expected a NaN error with k = 0";
-  } catch (const attnkit::Error& e) {
-    EXPECT_EQ(e.code(), attnkit::ErrorCode::kNanFound);
-  }
+  expect_nan_error(t, o, "x[1, 401]");
+  x[17] = NAN;  // row 0 comes first, whatever the columns
+  cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
+  expect_nan_error(t, o, "x[0, 17]");
+  o.k = 5;
+  t.out_indices = TensorView::make(di, DType::kInt64, kGpu, {2, 5});
+  expect_nan_error(t, o, "x[0, 17]");
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the context is healthy
   cudaFree(dx);
   cudaFree(di);
@@ -1173,12 +1182,7 @@ TEST_F(TopkCuda, SmallNanRaiseLargeK) {
   o.nan = attnkit::NanPolicy::kRaise;
   for (auto order : {attnkit::TopkOrder::kNone, attnkit::TopkOrder::kValue}) {
     o.sorted = order;
-    try {
-      attnkit::topk(t, o);
-      ADD_FAILURE() << "expected a NaN error";
-    } catch (const attnkit::Error& e) {
-      EXPECT_EQ(e.code(), attnkit::ErrorCode::kNanFound);
-    }
+    expect_nan_error(t, o, "x[1, 5999]");
   }
   std::vector<std::int32_t> end = {kCols, kCols - 1};  // row 1 ends before its NaN
   std::int32_t* de = device_copy(end);
@@ -1203,7 +1207,7 @@ TEST_F(TopkCuda, SmallNanRaiseArgmax) {
   attnkit::TopkOptions o;
   o.k = 1;
   o.nan = attnkit::NanPolicy::kRaise;
-  EXPECT_THROW(attnkit::topk(t, o), attnkit::Error);
+  expect_nan_error(t, o, "x[0, 77777]");
   x[77777] = 2.0f;
   cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
   EXPECT_NO_THROW(attnkit::topk(t, o));

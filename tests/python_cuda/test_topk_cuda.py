@@ -78,17 +78,23 @@ def test_nan_policies():
         ev, ei = attnkit.topk(x.cpu(), 10, nan=nan, sorted="value")
         assert torch.equal(i.cpu(), ei)
         assert torch.equal(bits(v.cpu()), bits(ev))
-    with pytest.raises(ValueError, match="NaN"):
+    # Named as the CPU backend names it: the first NaN in row-major order.
+    first = r'topk: x\[1, 17\] is NaN, inside row 1\'s valid range, and nan = "raise"'
+    with pytest.raises(ValueError, match=first):
         attnkit.topk(x, 10, nan="raise")
+    with pytest.raises(ValueError, match=first):
+        attnkit.topk(x.cpu(), 10, nan="raise")
+    with pytest.raises(ValueError, match=r"x\[100\] is NaN, inside x's"):  # one row, [N]
+        attnkit.topk(x[2], 10, nan="raise")
     end = torch.tensor([5000, 10, 50, 5000], device=DEV, dtype=torch.int32)
     attnkit.topk(x, 10, nan="raise", end=end)  # both NaNs lie outside their rows' ranges
-    with pytest.raises(ValueError, match="NaN"):  # k > 4096: the multi-pass kernel
+    with pytest.raises(ValueError, match=first):  # k > 4096: the multi-pass kernel
         attnkit.topk(x, 4500, nan="raise")
     attnkit.topk(x, 4500, nan="raise", end=end)
     # k = 0 selects nothing but still raises for a NaN in range, as on the CPU.
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(ValueError, match=first):
         attnkit.topk(x, 0, nan="raise")
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(ValueError, match=first):
         attnkit.topk(x.cpu(), 0, nan="raise")
     v, i = attnkit.topk(x, 0, nan="raise", end=end)
     assert v.shape == (4, 0) and i.shape == (4, 0)

@@ -229,8 +229,8 @@ std::size_t segmented_sort_bytes(std::int64_t batch, std::int64_t k, cudaStream_
 
 /// Byte offsets of the workspace parts; 0-sized parts are absent.
 struct Layout {
-  std::size_t nan_flag = 0, slice_key = 0, slice_col = 0, slice_threshold = 0, slice_count = 0,
-              ranked_in = 0, ranked_out = 0, cub = 0;
+  std::size_t nan_flag = 0, nan_at = 0, slice_key = 0, slice_col = 0, slice_threshold = 0,
+              slice_count = 0, ranked_in = 0, ranked_out = 0, cub = 0;
   std::size_t total = 0;
 };
 
@@ -252,7 +252,10 @@ Launch make_launch(const TopkProblem& p) {
     off += align_up(bytes);
     return at;
   };
-  if (p.nan == NanPolicy::kRaise) l.layout.nan_flag = take(sizeof(int));
+  if (p.nan == NanPolicy::kRaise) {
+    l.layout.nan_flag = take(sizeof(int));
+    l.layout.nan_at = take(sizeof(unsigned long long));
+  }
   if (p.k == 0) {  // with nan="raise" only (cuda_topk): the valid ranges are scanned for NaN
     plan.path = TopkPath::kNanScan;
     l.layout.total = off;
@@ -431,6 +434,24 @@ struct NvtxRange {
   ~NvtxRange() { nvtxRangePop(); }
 };
 
+/// Once a kernel has set the NaN flag: the row and column of the first NaN in row-major order,
+/// from a scan of the valid ranges (the error path only; the selection kernels keep one flag).
+NanPosition locate_nan(const TopkProblem& p, const Launch& l, const TopkKernelParams& params,
+                       char* ws, cudaStream_t stream) {
+  TopkPlan scan = l.plan;
+  scan.path = TopkPath::kNanScan;
+  TopkKernelParams q = params;
+  q.nan_at = reinterpret_cast<unsigned long long*>(ws + l.layout.nan_at);
+  cuda_check(cudaMemsetAsync(q.nan_at, 0xFF, sizeof *q.nan_at, stream), "cudaMemsetAsync");
+  with_traits(p.dtype, [&](auto traits) { cuda::launch_topk<decltype(traits)>(scan, q, stream); });
+  unsigned long long at = 0;
+  cuda_copy_to_host(&at, q.nan_at, sizeof at, 1, 1, stream);
+  if (at == ~0ull) {
+    throw Error(ErrorCode::kInternal, "cuda topk: a kernel saw a NaN that the scan did not find");
+  }
+  return {static_cast<std::int64_t>(at >> 32), static_cast<std::int64_t>(at & 0xFFFFFFFFull)};
+}
+
 /// Whether a call launches nothing: no rows, or k = 0 without a NaN scan to run.
 bool nothing_to_launch(const TopkProblem& p) {
   return p.batch == 0 || (p.k == 0 && p.nan != NanPolicy::kRaise);
@@ -444,9 +465,9 @@ std::size_t cuda_topk_workspace_size(const TopkProblem& p) {
   return make_launch(p).layout.total;
 }
 
-void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_bytes,
-               cudaStream_t stream) {
-  if (nothing_to_launch(p)) return;
+NanPosition cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_bytes,
+                      cudaStream_t stream) {
+  if (nothing_to_launch(p)) return {};
   DeviceGuard guard(p.device.index);
   NvtxRange range("attnkit::topk");
   const Launch l = make_launch(p);
@@ -494,11 +515,9 @@ void cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspace_byte
   if (params.nan_flag != nullptr) {
     int found = 0;
     cuda_copy_to_host(&found, params.nan_flag, sizeof found, 1, 1, stream);
-    if (found) {
-      throw Error(ErrorCode::kNanFound,
-                  "topk: x holds a NaN inside a row's valid range and nan = \"raise\"");
-    }
+    if (found) return locate_nan(p, l, params, ws, stream);
   }
+  return {};
 }
 
 }  // namespace attnkit::detail

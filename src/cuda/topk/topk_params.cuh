@@ -77,6 +77,9 @@ struct TopkKernelParams {
   std::uint64_t* ranked;
 
   int* nan_flag;  // set to 1 when a NaN is seen; nullptr unless nan = "raise"
+  // Only for topk_nan_scan_kernel run to locate a NaN once nan_flag was set: lowered to
+  // row << 32 | column of each NaN seen, so that it ends at the first in row-major order.
+  unsigned long long* nan_at;
 };
 
 }  // namespace attnkit::detail::cuda
