@@ -89,6 +89,9 @@ if [ "$MODE" != bench ] && [ "$SANITIZE" != racecheck ]; then
     # kernel's slices and their merge kernel too, as on GPUs before sm_90.
     step "C++ CUDA tests (filter path)" "$TEST_LOG" env ATTNKIT_CUDA_TOPK_PATH=filter \
       "$TESTS" --gtest_brief=1
+    # And with the experimental warp-rows kernel on the 16-bit short rows it takes.
+    step "C++ CUDA tests (warp path)" "$TEST_LOG" env ATTNKIT_CUDA_TOPK_PATH=warp \
+      "$TESTS" --gtest_brief=1
   fi
   step "Python CUDA tests" "$TEST_LOG" python3 -m pytest tests/python_cuda -q -p no:cacheprovider -x
   if [ "$MODE" != quick ]; then
@@ -108,6 +111,9 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
     step "compute-sanitizer memcheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
       compute-sanitizer --tool memcheck --error-exitcode 3 \
       "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
+    step "compute-sanitizer memcheck (warp path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=warp \
+      compute-sanitizer --tool memcheck --error-exitcode 3 \
+      "$TESTS" --gtest_filter='*SmallShort*:*SmallDistributions:*SmallEveryOption' --gtest_brief=1
   fi
   if [ "$SANITIZE" != memcheck ]; then
     race_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*'
@@ -119,6 +125,10 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
       env ATTNKIT_CUDA_TOPK_PATH=cluster \
       compute-sanitizer --tool racecheck --error-exitcode 3 \
       "$TESTS" --gtest_filter='*SmallDistributions:*SmallGraph*' --gtest_brief=1
+    step "compute-sanitizer racecheck (warp path)" "$SAN_LOG" \
+      env ATTNKIT_CUDA_TOPK_PATH=warp \
+      compute-sanitizer --tool racecheck --error-exitcode 3 \
+      "$TESTS" --gtest_filter='*SmallDistributions:*SmallShortRowsCausal' --gtest_brief=1
   fi
 fi
 

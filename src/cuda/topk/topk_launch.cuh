@@ -20,6 +20,7 @@
 #include "cuda/topk/kernels/topk_nan_scan.cuh"
 #include "cuda/topk/kernels/topk_radix.cuh"
 #include "cuda/topk/kernels/topk_short.cuh"
+#include "cuda/topk/kernels/topk_warp.cuh"
 #include "cuda/topk/topk_params.cuh"
 
 namespace attnkit::detail::cuda {
@@ -92,6 +93,8 @@ using detail::kShortThreads;
 using detail::kWideClusterThreads;
 // Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
+// Largest k the warp-rows kernel takes: four warps' lists of 4096 + 256 words, 68 KB a CTA.
+constexpr std::uint32_t kWarpRowsMaxK = 2048;
 // Newcomer slots a filter kernel's plan holds at least with sorted="value": the finished list's
 // sort counts digits in the newcomer list (two words a slot), 256 words a warp of 512 threads.
 constexpr std::uint32_t kSortNewcomerSlots = sort_count_words<512>() / 2;
@@ -204,7 +207,7 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 // Plan
 // ---------------------------------------------------------------------------------------------
 
-enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster, kNanScan };
+enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster, kNanScan, kWarp };
 
 /// The rows kernel's policy.
 enum class RowsPolicy { kWide, kNarrow, kNarrowHalfRound, kTriple };
@@ -456,6 +459,16 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   if (plan.path == TopkPath::kNanScan) {
     launch(topk_nan_scan_kernel<Traits, kNanScanThreads>, plan.batch, kNanScanThreads, 0, stream,
            p, "topk_nan_scan_kernel");
+    return;
+  }
+  if (plan.path == TopkPath::kWarp) {
+    if constexpr (Traits::kBits == 16) {  // the plan takes 16-bit rows only (use_warp_rows)
+      p.survivor_slots = plan.rows.survivor_slots;
+      const std::size_t smem = std::size_t{4} * kWarpRowsWarps *
+                               (plan.rows.survivor_slots + kWarpRowsHistBins);
+      launch(topk_warp_rows_kernel<Traits>, (plan.batch + kWarpRowsWarps - 1) / kWarpRowsWarps,
+             kWarpRowsWarps * 32, smem, stream, p, "topk_warp_rows_kernel");
+    }
     return;
   }
   if (plan.path == TopkPath::kShort) {

@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA top-k kernel of one warp per row, for 16-bit rows of at most 8192 columns without
+// sorted="value" (selected with ATTNKIT_CUDA_TOPK_PATH=warp; not yet the default anywhere).
+// The short-row kernel spends about 35 instructions an element on such rows, most of them
+// per-thread work that the block barriers and scans of its select chain cost a CTA; a warp
+// alone needs no barrier, and a threshold filter tests most elements with one comparison.
+//
+//   topk_warp_rows_kernel  kWarpRowsWarps rows a CTA, one a warp. The warp takes a threshold T
+//                          from a sample of 256 of its row's elements (the m-th best, m = e +
+//                          3 sqrt(e) + 2, e = 256 k / length: the sample's expected share of
+//                          the best k, so that at least k elements score T or more unless the
+//                          sample misleads), then streams the row once in column order, eight
+//                          elements a lane and 256 a step (16-byte loads where the row start is
+//                          aligned), and appends the words (score << 16 | column - lo) of the
+//                          elements scoring at least T to its list in shared memory, in column
+//                          order (ballot and a warp prefix sum place them). A list that would
+//                          overflow is cut to its best k first (two 8-bit radix passes over the
+//                          warp's 256-bin histogram; among equal scores the first listed, the
+//                          lowest columns, stay) and T rises above the k-th score, which no
+//                          later column can beat by its index. A row that ends with fewer than
+//                          k listed while T > 1 (the sample misled) is streamed again with
+//                          T = 1. The best k of the list, still in column order, are the
+//                          outputs, which serves sorted="none" and sorted="index" alike.
+#pragma once
+
+#include <cstdint>
+
+#include "common/topk_keys.hpp"
+#include "cuda/topk/kernels/topk_filter.cuh"
+#include "cuda/topk/topk_params.cuh"
+
+namespace attnkit::detail::cuda {
+
+constexpr int kWarpRowsWarps = 4;       // rows (warps) a CTA
+constexpr int kWarpRowsHistBins = 256;  // a warp's radix histogram: 8-bit digits
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+/// Words of a warp's list, the host's survivor_slots: its best k (rounded up to a power of
+/// two) and at least one step of appends (256), so that a cut to k always leaves room.
+__host__ __device__ constexpr std::uint32_t warp_rows_capacity(std::uint32_t k_select) {
+  std::uint32_t p = 1;
+  while (p < k_select) p *= 2;
+  return p + (p > 256 ? p : 256);
+}
+
+__device__ __forceinline__ std::uint32_t warp_sum(std::uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(kFullMask, v);
+#else
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+#endif
+}
+
+__device__ __forceinline__ std::uint32_t warp_inclusive_sum(std::uint32_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const std::uint32_t u = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
+/// The k-th best score of a list and how many of the entries equal to it are kept (the first
+/// ones in list order).
+struct WarpKth {
+  std::uint32_t score, keep_equal;
+};
+
+/// warp_kth of list[0, n) (n >= k >= 1): the score's top byte, then its low byte among the
+/// entries of that top byte, each through the 256-bin histogram `hist` (lane l reads bins
+/// 255 - 8l down to 248 - 8l, and one warp prefix sum finds the bin of the need-th best).
+__device__ inline WarpKth warp_kth(const std::uint32_t* list, std::uint32_t n, std::uint32_t k,
+                                   std::uint32_t* hist, int lane) {
+  std::uint32_t prefix = 0, need = k;
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+    for (int i = 0; i < kWarpRowsHistBins / 32; ++i) hist[lane + 32 * i] = 0;
+    __syncwarp();
+    for (std::uint32_t j = lane; j < n; j += 32) {
+      const std::uint32_t s = list[j] >> 16;
+      if (pass == 0) {
+        atomicAdd(&hist[s >> 8], 1u);
+      } else if (s >> 8 == prefix) {
+        atomicAdd(&hist[s & 255u], 1u);
+      }
+    }
+    __syncwarp();
+    const int top = kWarpRowsHistBins - 1 - 8 * lane;
+    std::uint32_t c[8], count = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      c[i] = hist[top - i];
+      count += c[i];
+    }
+    const std::uint32_t upto = warp_inclusive_sum(count, lane);
+    std::uint32_t above = upto - count;
+    const unsigned owner = __ballot_sync(kFullMask, above < need && need <= upto);
+    const int src = __ffs(static_cast<int>(owner)) - 1;
+    std::uint32_t digit = 0, rest = 0;
+    if (lane == src) {
+      bool found = false;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (!found && above + c[i] >= need) {
+          found = true;
+          digit = static_cast<std::uint32_t>(top - i);
+          rest = need - above;
+        }
+        above += c[i];
+      }
+    }
+    digit = __shfl_sync(kFullMask, digit, src);
+    need = __shfl_sync(kFullMask, rest, src);
+    prefix = pass == 0 ? digit : (prefix << 8 | digit);
+    __syncwarp();  // the histogram read before the next pass clears it
+  }
+  return {prefix, need};
+}
+
+/// Keeps, in list order, the entries of list[0, n) scoring above kth.score and the first
+/// kth.keep_equal scoring it; returns their count. In place: an entry moves only down, to
+/// a place whose entry the warp has read already.
+__device__ inline std::uint32_t warp_compact(std::uint32_t* list, std::uint32_t n, WarpKth kth,
+                                             int lane) {
+  const unsigned below = (1u << lane) - 1u;
+  std::uint32_t kept = 0, equal_seen = 0;
+  for (std::uint32_t base = 0; base < n; base += 32) {
+    const std::uint32_t j = base + static_cast<std::uint32_t>(lane);
+    const std::uint32_t w = j < n ? list[j] : 0u;  // score 0 is never listed
+    const std::uint32_t s = w >> 16;
+    const bool is_equal = s == kth.score;
+    const unsigned equal = __ballot_sync(kFullMask, is_equal);
+    const bool keep =
+        s > kth.score || (is_equal && equal_seen + __popc(equal & below) < kth.keep_equal);
+    const unsigned keeps = __ballot_sync(kFullMask, keep);
+    if (keep) list[kept + __popc(keeps & below)] = w;
+    kept += __popc(keeps);
+    equal_seen += __popc(equal);
+  }
+  __syncwarp();
+  return kept;
+}
+
+/// The scores of the eight elements of row columns [c, c + 8) (c relative to `first`, the
+/// row's valid start), 0 from the row's end on, with the columns below them.
+template <class Traits>
+__device__ __forceinline__ void warp_rows_load(const typename Traits::Bits* first, std::int64_t len,
+                                               std::int64_t c, bool aligned, const ScoreParams& sp,
+                                               std::uint32_t (&w)[8]) {
+  using Bits = typename Traits::Bits;
+  const std::int64_t rest = len - c;
+  const int valid = rest <= 0 ? 0 : (rest >= 8 ? 8 : static_cast<int>(rest));
+  uint4 data{};
+  if (aligned && valid == 8) {
+    data = __ldg(reinterpret_cast<const uint4*>(first + c));
+  } else if (valid > 0) {
+    data = load_vector_prefix<8, Bits>(first + c, valid);
+  }
+  const auto col = static_cast<std::uint32_t>(c);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const std::uint32_t pair = score_pair_of<Traits>(vector_word(data, q), sp);
+    w[2 * q] = (pair << 16) | (col + 2 * q);
+    w[2 * q + 1] = (pair & 0xFFFF0000u) | (col + 2 * q + 1);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = i < valid ? w[i] : 0u;
+}
+
+/// One warp per row (see the file comment). Dynamic shared memory: kWarpRowsWarps x
+/// (p.survivor_slots + kWarpRowsHistBins) words. Uses no block barrier: a warp past the last
+/// row returns at once.
+template <class Traits>
+__global__ void __launch_bounds__(kWarpRowsWarps * 32)
+    topk_warp_rows_kernel(const TopkKernelParams p) {
+  static_assert(Traits::kBits == 16, "16-bit scores, with the column in the low half");
+  using Bits = typename Traits::Bits;
+  extern __shared__ __align__(16) std::uint32_t smem[];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsWarps + warp;
+  if (b >= p.batch) return;
+  const std::uint32_t capacity = p.survivor_slots;
+  std::uint32_t* list = smem + warp * (capacity + kWarpRowsHistBins);
+  std::uint32_t* hist = list + capacity;
+
+  std::int64_t lo, hi;
+  row_range(p, b, lo, hi);
+  const std::int64_t len = hi - lo;
+  const Bits* first = static_cast<const Bits*>(p.x) + b * p.row_stride + lo;
+  const bool aligned = reinterpret_cast<std::uintptr_t>(first) % 16 == 0;
+  const std::uint32_t k = p.k_select;
+  const ScoreParams sp = p.sp;
+
+  // The threshold from the sample: lane l's eight elements at the l-th 32nd of the row.
+  std::uint32_t threshold = 1;
+  const std::int64_t vectors = len / 8;
+  if (len > static_cast<std::int64_t>(2 * k) && vectors >= 64) {  // uniform
+    const float e = 256.0f * static_cast<float>(k) / static_cast<float>(len);
+    const float m = e + 3.0f * e * rsqrtf(e) + 2.0f;
+    if (m < 256.0f) {
+      const auto need = static_cast<std::uint32_t>(m);
+      std::uint32_t s[8];
+      warp_rows_load<Traits>(first, len, vectors * lane / 32 * 8, aligned, sp, s);
+      std::uint32_t t = 0;
+#pragma unroll 1
+      for (int bit = 15; bit >= 0; --bit) {
+        const std::uint32_t bound = (t | 1u << bit) << 16;
+        std::uint32_t c = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) c += s[i] >= bound;
+        if (warp_sum(c) >= need) t |= 1u << bit;
+      }
+      threshold = t > 1 ? t : 1;
+    }
+  }
+
+  const bool track_nan = p.nan_flag != nullptr;
+  bool any_nan = false;
+  std::uint32_t n = 0;
+  for (;;) {
+    for (std::int64_t base = 0; base < len; base += 256) {
+      std::uint32_t w[8];
+      warp_rows_load<Traits>(first, len, base + 8 * lane, aligned, sp, w);
+      if (track_nan) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) any_nan |= w[i] >> 16 == sp.nan_score;  // not 0 then
+      }
+      std::uint32_t bound = threshold << 16;
+      std::uint32_t hits = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) hits += w[i] >= bound;
+      if (__ballot_sync(kFullMask, hits != 0) == 0) continue;
+      std::uint32_t upto = warp_inclusive_sum(hits, lane);
+      std::uint32_t total = __shfl_sync(kFullMask, upto, 31);
+      if (n + total > capacity) {  // uniform; then n > capacity - 256 >= k
+        const WarpKth kth = warp_kth(list, n, k, hist, lane);
+        n = warp_compact(list, n, kth, lane);
+        threshold = kth.score + 1;  // later columns lose ties to the kept ones
+        bound = threshold << 16;
+        hits = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) hits += w[i] >= bound;
+        upto = warp_inclusive_sum(hits, lane);
+        total = __shfl_sync(kFullMask, upto, 31);
+      }
+      std::uint32_t at = n + upto - hits;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (w[i] >= bound) list[at++] = w[i];
+      }
+      n += total;
+      __syncwarp();
+    }
+    if (n >= k || threshold <= 1) break;  // uniform
+    // The sample misled: every valid element is a candidate.
+    threshold = 1;
+    n = 0;
+  }
+  if (track_nan && __any_sync(kFullMask, any_nan) && lane == 0) *p.nan_flag = 1;
+
+  if (n > k) n = warp_compact(list, n, warp_kth(list, n, k, hist, lane), lane);
+  const std::int64_t offset =
+      load_row_value(p.index_offset, p.index_offset_is_int64, p.index_offset_stride, b, 0);
+  const Bits* row = static_cast<const Bits*>(p.x) + b * p.row_stride;
+  const auto lo32 = static_cast<std::uint32_t>(lo);
+  for (std::uint32_t j = lane; j < n; j += 32) {
+    const std::uint32_t w = list[j];
+    const std::uint32_t col = lo32 + (w & 0xFFFFu);
+    const std::uint32_t bits =
+        p.values != nullptr ? kept_value_bits<Traits>(row, w >> 16, col, sp) : 0u;
+    write_slot_bits<Traits>(p, b, j, true, col, offset, bits);
+  }
+  for (std::int64_t j = n + lane; j < p.k; j += 32) {
+    write_slot_bits<Traits>(p, b, j, false, 0u, offset, 0u);
+  }
+}
+
+}  // namespace attnkit::detail::cuda
