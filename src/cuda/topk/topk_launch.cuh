@@ -93,7 +93,7 @@ using detail::kShortThreads;
 using detail::kWideClusterThreads;
 // Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
-// Largest k the warp-rows kernel takes: four warps' lists of 4096 + 256 words, 68 KB a CTA.
+// Largest k the warp-rows kernel takes: four warps' lists of 3072 + 256 words, 52 KB a CTA.
 constexpr std::uint32_t kWarpRowsMaxK = 2048;
 // Newcomer slots a filter kernel's plan holds at least with sorted="value": the finished list's
 // sort counts digits in the newcomer list (two words a slot), 256 words a warp of 512 threads.

@@ -33,14 +33,19 @@ namespace attnkit::detail::cuda {
 
 constexpr int kWarpRowsWarps = 4;       // rows (warps) a CTA
 constexpr int kWarpRowsHistBins = 256;  // a warp's radix histogram: 8-bit digits
+constexpr int kWarpRowsUnroll = 4;      // 16-byte loads a lane has in flight
+// CTAs an SM the registers must allow: 72 registers, no spills (ptxas's own choice for these
+// CTAs, 64 registers, spilled the loads in flight).
+constexpr int kWarpRowsMinBlocks = 6;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 /// Words of a warp's list, the host's survivor_slots: its best k (rounded up to a power of
-/// two) and at least one step of appends (256), so that a cut to k always leaves room.
+/// two) and room for appends, at least one step's (256, so that a cut to k always leaves
+/// room) and at most 1024 (k = 2048 takes 52 KB a CTA, four CTAs an SM).
 __host__ __device__ constexpr std::uint32_t warp_rows_capacity(std::uint32_t k_select) {
   std::uint32_t p = 1;
   while (p < k_select) p *= 2;
-  return p + (p > 256 ? p : 256);
+  return p + (p < 256 ? 256 : (p > 1024 ? 1024 : p));
 }
 
 __device__ __forceinline__ std::uint32_t warp_sum(std::uint32_t v) {
@@ -144,22 +149,23 @@ __device__ inline std::uint32_t warp_compact(std::uint32_t* list, std::uint32_t 
   return kept;
 }
 
-/// The scores of the eight elements of row columns [c, c + 8) (c relative to `first`, the
-/// row's valid start), 0 from the row's end on, with the columns below them.
-template <class Traits>
-__device__ __forceinline__ void warp_rows_load(const typename Traits::Bits* first, std::int64_t len,
-                                               std::int64_t c, bool aligned, const ScoreParams& sp,
-                                               std::uint32_t (&w)[8]) {
-  using Bits = typename Traits::Bits;
+/// The eight elements of row columns [c, c + 8) (c relative to `first`, the row's valid
+/// start) as a 16-byte vector, zeros from the row's end on; `valid` receives how many are real.
+template <class Bits>
+__device__ __forceinline__ uint4 warp_rows_fetch(const Bits* first, std::int64_t len,
+                                                 std::int64_t c, bool aligned, int& valid) {
   const std::int64_t rest = len - c;
-  const int valid = rest <= 0 ? 0 : (rest >= 8 ? 8 : static_cast<int>(rest));
-  uint4 data{};
-  if (aligned && valid == 8) {
-    data = __ldg(reinterpret_cast<const uint4*>(first + c));
-  } else if (valid > 0) {
-    data = load_vector_prefix<8, Bits>(first + c, valid);
-  }
-  const auto col = static_cast<std::uint32_t>(c);
+  valid = rest <= 0 ? 0 : (rest >= 8 ? 8 : static_cast<int>(rest));
+  if (aligned && valid == 8) return __ldg(reinterpret_cast<const uint4*>(first + c));
+  if (valid > 0) return load_vector_prefix<8, Bits>(first + c, valid);
+  return uint4{};
+}
+
+/// The words (score << 16 | column) of a fetched vector whose first column is `col`; 0 for
+/// the elements past `valid`.
+template <class Traits>
+__device__ __forceinline__ void warp_rows_words(const uint4& data, int valid, std::uint32_t col,
+                                                const ScoreParams& sp, std::uint32_t (&w)[8]) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const std::uint32_t pair = score_pair_of<Traits>(vector_word(data, q), sp);
@@ -174,7 +180,7 @@ __device__ __forceinline__ void warp_rows_load(const typename Traits::Bits* firs
 /// (p.survivor_slots + kWarpRowsHistBins) words. Uses no block barrier: a warp past the last
 /// row returns at once.
 template <class Traits>
-__global__ void __launch_bounds__(kWarpRowsWarps * 32)
+__global__ void __launch_bounds__(kWarpRowsWarps * 32, kWarpRowsMinBlocks)
     topk_warp_rows_kernel(const TopkKernelParams p) {
   static_assert(Traits::kBits == 16, "16-bit scores, with the column in the low half");
   using Bits = typename Traits::Bits;
@@ -199,12 +205,16 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32)
   std::uint32_t threshold = 1;
   const std::int64_t vectors = len / 8;
   if (len > static_cast<std::int64_t>(2 * k) && vectors >= 64) {  // uniform
-    const float e = 256.0f * static_cast<float>(k) / static_cast<float>(len);
+    // Fast division and square root: the threshold decides the time only, never the result.
+    const float e = __fdividef(256.0f * static_cast<float>(k), static_cast<float>(len));
     const float m = e + 3.0f * e * rsqrtf(e) + 2.0f;
     if (m < 256.0f) {
       const auto need = static_cast<std::uint32_t>(m);
+      const std::int64_t c = vectors * lane / 32 * 8;
+      int valid;
+      const uint4 data = warp_rows_fetch(first, len, c, aligned, valid);
       std::uint32_t s[8];
-      warp_rows_load<Traits>(first, len, vectors * lane / 32 * 8, aligned, sp, s);
+      warp_rows_words<Traits>(data, valid, static_cast<std::uint32_t>(c), sp, s);
       std::uint32_t t = 0;
 #pragma unroll 1
       for (int bit = 15; bit >= 0; --bit) {
@@ -222,38 +232,50 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32)
   bool any_nan = false;
   std::uint32_t n = 0;
   for (;;) {
-    for (std::int64_t base = 0; base < len; base += 256) {
-      std::uint32_t w[8];
-      warp_rows_load<Traits>(first, len, base + 8 * lane, aligned, sp, w);
-      if (track_nan) {
+    for (std::int64_t base = 0; base < len; base += 256 * kWarpRowsUnroll) {
+      // kWarpRowsUnroll loads a lane in flight before the first is tested.
+      uint4 data[kWarpRowsUnroll];
+      int valid[kWarpRowsUnroll];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) any_nan |= w[i] >> 16 == sp.nan_score;  // not 0 then
+      for (int u = 0; u < kWarpRowsUnroll; ++u) {
+        data[u] = warp_rows_fetch(first, len, base + 256 * u + 8 * lane, aligned, valid[u]);
       }
-      std::uint32_t bound = threshold << 16;
-      std::uint32_t hits = 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) hits += w[i] >= bound;
-      if (__ballot_sync(kFullMask, hits != 0) == 0) continue;
-      std::uint32_t upto = warp_inclusive_sum(hits, lane);
-      std::uint32_t total = __shfl_sync(kFullMask, upto, 31);
-      if (n + total > capacity) {  // uniform; then n > capacity - 256 >= k
-        const WarpKth kth = warp_kth(list, n, k, hist, lane);
-        n = warp_compact(list, n, kth, lane);
-        threshold = kth.score + 1;  // later columns lose ties to the kept ones
-        bound = threshold << 16;
-        hits = 0;
+      for (int u = 0; u < kWarpRowsUnroll; ++u) {
+        if (base + 256 * u >= len) break;  // uniform
+        std::uint32_t w[8];
+        warp_rows_words<Traits>(data[u], valid[u],
+                                static_cast<std::uint32_t>(base + 256 * u + 8 * lane), sp, w);
+        if (track_nan) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) any_nan |= w[i] >> 16 == sp.nan_score;  // not 0 then
+        }
+        std::uint32_t bound = threshold << 16;
+        std::uint32_t hits = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) hits += w[i] >= bound;
-        upto = warp_inclusive_sum(hits, lane);
-        total = __shfl_sync(kFullMask, upto, 31);
-      }
-      std::uint32_t at = n + upto - hits;
+        if (__ballot_sync(kFullMask, hits != 0) == 0) continue;
+        std::uint32_t upto = warp_inclusive_sum(hits, lane);
+        std::uint32_t total = __shfl_sync(kFullMask, upto, 31);
+        if (n + total > capacity) {  // uniform; then n > capacity - 256 >= k
+          const WarpKth kth = warp_kth(list, n, k, hist, lane);
+          n = warp_compact(list, n, kth, lane);
+          threshold = kth.score + 1;  // later columns lose ties to the kept ones
+          bound = threshold << 16;
+          hits = 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (w[i] >= bound) list[at++] = w[i];
+          for (int i = 0; i < 8; ++i) hits += w[i] >= bound;
+          upto = warp_inclusive_sum(hits, lane);
+          total = __shfl_sync(kFullMask, upto, 31);
+        }
+        std::uint32_t at = n + upto - hits;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if (w[i] >= bound) list[at++] = w[i];
+        }
+        n += total;
+        __syncwarp();
       }
-      n += total;
-      __syncwarp();
     }
     if (n >= k || threshold <= 1) break;  // uniform
     // The sample misled: every valid element is a candidate.
