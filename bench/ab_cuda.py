@@ -8,6 +8,12 @@ percent is then told from noise by the per-seed ratios, not by one run's means.
     python3 bench/ab_cuda.py --build main=/tmp/bench_main --build new=/tmp/bench_new \\
         --seeds 1-20 --until 300 --log ab.txt -- --reps 10 bf16:8:131072:512 f32:1:129280:50
 
+One binary may run as two builds that differ in the environment only (``--env``, e.g. a
+kernel chosen by ``ATTNKIT_CUDA_TOPK_PATH``):
+
+    python3 bench/ab_cuda.py --build short=B --build warp=B \\
+        --env warp:ATTNKIT_CUDA_TOPK_PATH=warp -- --reps 10 bf16:4096:8192:512
+
 Everything after ``--`` goes to every build's command line, with ``--seed S`` added. The
 summary gives, for each case, each build's mean time over the seeds every build timed it on
 (a run that fails counts for none of its rows), and for each build after the first the
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import subprocess
 import sys
@@ -128,6 +135,8 @@ def main(argv=None) -> int:
         allow_abbrev=False)
     ap.add_argument("--build", action="append", default=[], metavar="NAME=PATH",
                     help="a benchmark binary and its name in the summary; the first is the base")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE",
+                    help="set VAR to VALUE in the environment of build NAME's runs")
     ap.add_argument("--seeds", default="1-10", help="A-B or A,B,C (default 1-10)")
     ap.add_argument("--until", type=float, default=None,
                     help="start no seed after this many seconds")
@@ -150,6 +159,15 @@ def main(argv=None) -> int:
         ap.error("give at least two --build NAME=PATH")
     if len({n for n, _ in builds}) != len(builds):
         ap.error("--build names must differ")
+    envs: dict[str, dict[str, str]] = {name: {} for name, _ in builds}
+    for spec in args.env:
+        name, sep, setting = spec.partition(":")
+        var, eq, value = setting.partition("=")
+        if not sep or not eq or not var:
+            ap.error(f"--env {spec!r}: expected NAME:VAR=VALUE")
+        if name not in envs:
+            ap.error(f"--env {spec!r}: no --build is named {name!r}")
+        envs[name][var] = value
     try:
         seeds = seed_list(args.seeds)
     except ValueError as e:
@@ -168,7 +186,8 @@ def main(argv=None) -> int:
                 cmd = [path, *passed, "--seed", str(seed)]
                 try:
                     run = subprocess.run(cmd, capture_output=True, text=True,
-                                         timeout=args.timeout)
+                                         timeout=args.timeout,
+                                         env={**os.environ, **envs[name]})
                     failed = run.returncode != 0
                     why = run.stderr.strip() or f"exit status {run.returncode}"
                 except (OSError, subprocess.TimeoutExpired) as e:

@@ -23,12 +23,13 @@ _spec.loader.exec_module(ab_cuda)
 # benchmark's header and its rows, each time being base_us * factor, the factor set per build
 # and tripled for the seed SLOW_SEED; on the seed FAIL_SEED it exits 4 after its first row.
 _FAKE = """#!{python}
-import json, sys
+import json, os, sys
 args = sys.argv[1:]
 seed = int(args[args.index("--seed") + 1])
 with open({calls!r}, "a") as f:
     f.write(json.dumps(["{name}"] + args) + "\\n")
 factor = {factor} * (3.0 if seed == {slow_seed} else 1.0)
+factor *= float(os.environ.get("AB_TEST_FACTOR", "1"))
 print("dtype      B        N     k causal values         us     TB/s")
 print("f32        1   129280    50 no     yes    %10.2f    0.041" % (12.0 * factor))
 if seed == {fail_seed}:
@@ -96,6 +97,16 @@ def test_summary_gives_the_per_seed_geometric_mean_and_the_seeds_won(tmp_path, c
     assert capsys.readouterr().out == out
 
 
+def test_env_sets_a_variable_for_one_build_only(tmp_path, capsys):
+    # One binary as two builds: "half" runs with AB_TEST_FACTOR=0.5, so it is 2x faster.
+    path = _fake(tmp_path, "a", 1.0).split("=", 1)[1]
+    args = ["--build", f"base={path}", "--build", f"half={path}",
+            "--env", "half:AB_TEST_FACTOR=0.5", "--seeds", "1-2", "--"]
+    assert ab_cuda.main(args) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["f32 1x129280 k=50"] == ["12.00", "6.00", "half:", "2.000", "2/2", "2.000-2.000"]
+
+
 def test_a_run_that_fails_counts_for_none_of_its_rows(tmp_path, capsys):
     # b prints its first row on seed 3, then exits 4: that row must not count either.
     builds = [_fake(tmp_path, "a", 1.0), _fake(tmp_path, "b", 0.5, fail_seed=3)]
@@ -124,6 +135,8 @@ def test_nothing_timed_is_said_and_fails(tmp_path, capsys):
     (["--build", "a=/x", "--build", "b=/y", "--seeds", "1,1"], "none twice"),
     (["--build", "a=/x", "--build", "b=/y", "--seed", "7"], "unrecognized arguments"),
     (["--build", "a=/x", "--build", "b=/y", "--", "f32:1:8:2", "--", "x"], "one -- only"),
+    (["--build", "a=/x", "--build", "b=/y", "--env", "b:X"], "expected NAME:VAR=VALUE"),
+    (["--build", "a=/x", "--build", "b=/y", "--env", "c:X=1"], "no --build is named 'c'"),
 ])
 def test_bad_arguments_are_named(args, fragment, capsys):
     with pytest.raises(SystemExit):
