@@ -464,10 +464,8 @@ def topk(
         # dispatcher (torch.ops.attnkit.topk, registered by attnkit.torch).
         needs_grad = return_values and x.requires_grad and torch.is_grad_enabled()
         if needs_grad and buffers_given:
-            given = "/".join(name for name, out in buffers if out is not None)
-            raise RuntimeError(
-                f"topk: {given} cannot be used when x requires grad: autograd does not record "
-                "writes into caller buffers (detach x or use torch.no_grad())")
+            _refuse_grad_into_buffers(
+                "/".join(name for name, out in buffers if out is not None))
 
         if needs_grad and backend != "auto":
             raise ValueError(f"topk: backend = {backend!r} runs without autograd; detach x or "
@@ -641,6 +639,14 @@ def _refuse_func_differentiation(torch: Any) -> None:
             "topk: torch.func's grad/jvp transforms (grad, jacrev, jacfwd, hessian) cannot "
             "differentiate attnkit.topk; use torch.autograd (values.sum().backward()) instead. "
             "torch.func.vmap works")
+
+
+def _refuse_grad_into_buffers(given: str) -> None:
+    """Values written into caller buffers from an x that requires grad would drop its gradient
+    (torch.topk(..., out=...) refuses them too)."""
+    raise RuntimeError(
+        f"topk: {given} cannot be used when x requires grad: autograd does not record "
+        "writes into caller buffers (detach x or use torch.no_grad())")
 
 
 def _refuse_forward_ad(torch: Any, x: Any) -> None:

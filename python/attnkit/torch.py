@@ -34,7 +34,7 @@ import torch
 
 from . import _arrays, _ext
 from .topk import _CHECKS, _NANS, _ORDERS, _TIES, _choice
-from .topk import _dynamo_tracing, _kernel_topk, _refuse_forward_ad
+from .topk import _dynamo_tracing, _kernel_topk, _refuse_forward_ad, _refuse_grad_into_buffers
 
 _LIB = torch.library.Library("attnkit", "DEF")
 
@@ -205,6 +205,9 @@ def _topk_out_impl(x, k, largest, sorted, begin, end, index_offset, index_fill, 
     _choice("sorted", sorted, _OP_ORDERS)
     if out_values is not None:
         _refuse_forward_ad(torch, x)
+        # The op has no backward: values written from an x that requires grad would drop it.
+        if x.requires_grad and torch.is_grad_enabled():
+            _refuse_grad_into_buffers("out_values")
     _kernel_topk(
         x.detach(), k, largest=largest, sorted=sorted, begin=begin, end=end,
         return_values=out_values is not None, out_values=out_values, out_indices=out_indices,

@@ -1012,6 +1012,26 @@ def test_forward_mode_ad_through_the_ops_is_refused_by_name():
         assert torch.equal(torch.sort(indices).values, stable_topk_indices(x, 3, True))
 
 
+def test_topk_out_op_refuses_values_from_an_x_that_requires_grad():
+    # The out= op has no backward: written values would drop x's gradient silently.
+    x = torch.randn(2, 10, requires_grad=True)
+    values = torch.full((2, 3), 7.0)
+    indices = torch.full((2, 3), -5, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="topk: out_values cannot be used when x requires"):
+        torch.ops.attnkit.topk_out(x, 3, True, "none", None, None, None, -1, None,
+                                   "largest", "lowest_index", None, values, indices)
+    assert torch.equal(values, torch.full((2, 3), 7.0))  # nothing written
+    assert torch.equal(indices, torch.full((2, 3), -5, dtype=torch.int64))
+    # Indices alone carry no derivative, and without grad mode nothing is recorded anyway.
+    torch.ops.attnkit.topk_out(x, 3, True, "none", None, None, None, -1, None,
+                               "largest", "lowest_index", None, None, indices)
+    assert torch.equal(torch.sort(indices).values, stable_topk_indices(x.detach(), 3, True))
+    with torch.no_grad():
+        torch.ops.attnkit.topk_out(x, 3, True, "value", None, None, None, -1, None,
+                                   "largest", "lowest_index", None, values, indices)
+    assert torch.equal(values, torch.topk(x.detach(), 3).values)
+
+
 def test_nested_x_is_refused_by_name():
     nested = torch.nested.nested_tensor([torch.randn(3), torch.randn(4)], layout=torch.jagged)
     with pytest.raises(ValueError, match="topk: x is a nested tensor"):
