@@ -100,6 +100,10 @@ if [ "$MODE" != bench ] && [ "$SANITIZE" != racecheck ]; then
       python3 scripts/fuzz_topk.py --seconds "${FUZZ_SECONDS:-60}" --seed "${FUZZ_SEED:-1}"
     # The case count and outcomes, in the summary too, which always comes back.
     sed -n '/^summary: /,$p' "$TEST_LOG" | sed -n '1,3p' >> "$SUMMARY"
+    # And a third of that on the experimental warp-rows path.
+    step "fuzz, warp path" "$TEST_LOG" python3 scripts/fuzz_topk.py --cuda-path warp \
+      --seconds "$(( (${FUZZ_SECONDS:-60} + 2) / 3 ))" --seed "${FUZZ_SEED:-1}"
+    grep '^summary: ' "$TEST_LOG" | tail -1 >> "$SUMMARY"
   fi
 fi
 if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
