@@ -219,10 +219,10 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32, kWarpRowsMinBlocks)
 #pragma unroll 1
       for (int bit = 15; bit >= 0; --bit) {
         const std::uint32_t bound = (t | 1u << bit) << 16;
-        std::uint32_t c = 0;
+        std::uint32_t count = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) c += s[i] >= bound;
-        if (warp_sum(c) >= need) t |= 1u << bit;
+        for (int i = 0; i < 8; ++i) count += s[i] >= bound;
+        if (warp_sum(count) >= need) t |= 1u << bit;
       }
       threshold = t > 1 ? t : 1;
     }
