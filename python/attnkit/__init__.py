@@ -23,7 +23,8 @@ __all__ = ["topk", "TopkResult", "num_threads", "set_num_threads", "info", "cuda
 
 
 def num_threads() -> int:
-    """Threads the CPU backend uses (``ATTNKIT_NUM_THREADS`` or all hardware threads)."""
+    """Threads the CPU backend uses (``ATTNKIT_NUM_THREADS``, else one a CPU the process may
+    run on)."""
     return _ext.num_threads()
 
 

@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="untimed runs before timing (default 1)")
     demo.add_argument("--threads", type=int, metavar="N",
                       help="CPU threads for attnkit and every baseline (default: "
-                           "ATTNKIT_NUM_THREADS or all hardware threads)")
+                           "ATTNKIT_NUM_THREADS or one a CPU the process may run on)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=cmd_demo)

@@ -2,7 +2,9 @@
 #include "core/thread_pool.hpp"
 
 #include <pthread.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <new>
@@ -16,6 +18,8 @@ namespace {
 
 thread_local bool t_inside_task = false;
 
+}  // namespace
+
 int default_thread_count() {
   if (const char* env = std::getenv("ATTNKIT_NUM_THREADS")) {
     char* end = nullptr;
@@ -24,9 +28,21 @@ int default_thread_count() {
       return static_cast<int>(v);
     }
   }
+#if defined(__linux__)
+  // The CPUs this process may run on (taskset, a container's cpuset): more threads than those
+  // would only take turns on them. sched_getaffinity fails beyond 1024 CPUs (cpu_set_t's size),
+  // where the hardware count stands.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0) {
+    return std::min(CPU_COUNT(&allowed), ThreadPool::kMaxThreads);
+  }
+#endif
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
+
+namespace {
 
 // How long an idle worker polls for the next job before it sleeps on the condition variable.
 // Back-to-back calls (a benchmark loop, a decode step per token) then skip the futex wake-up,

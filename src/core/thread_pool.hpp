@@ -29,12 +29,16 @@ class TaskRef {
   void (*call_)(const void*, std::int64_t);
 };
 
+/// The global pool's size: ATTNKIT_NUM_THREADS when it is an integer in [1, 4096], else the
+/// CPUs the process may run on (its affinity mask, on Linux), else the hardware thread count.
+int default_thread_count();
+
 class ThreadPool {
  public:
   /// More threads than this is a mistake (a count of bytes, a typo), not a machine.
   static constexpr int kMaxThreads = 4096;
 
-  /// The process-wide pool, sized by ATTNKIT_NUM_THREADS or the hardware thread count.
+  /// The process-wide pool, of default_thread_count() threads.
   static ThreadPool& global();
 
   explicit ThreadPool(int num_threads);

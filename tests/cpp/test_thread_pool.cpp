@@ -3,6 +3,9 @@
 // Tests that would hang on a lost wake-up or a worker that never exits run under a deadlock
 // watchdog, so a hang is reported as a failure instead of stalling the suite.
 #include <gtest/gtest.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <memory>
@@ -61,6 +65,37 @@ void expect_each_index_once(ThreadPool& pool, std::int64_t n) {
                       << (first_wrong >= 0 ? hits[static_cast<std::size_t>(first_wrong)].load() : 1)
                       << " times is " << first_wrong;
 }
+
+#if defined(__linux__)
+TEST(ThreadPool, DefaultCountFollowsTheAffinityMask) {
+  // A process pinned to one CPU (taskset -c N, a cpuset) gets one thread, not one a core;
+  // ATTNKIT_NUM_THREADS still wins.
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &before)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  const char* env = std::getenv("ATTNKIT_NUM_THREADS");
+  const std::string saved = env != nullptr ? env : "";
+  unsetenv("ATTNKIT_NUM_THREADS");
+  const int all = attnkit::detail::default_thread_count();
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const int pinned = attnkit::detail::default_thread_count();
+  setenv("ATTNKIT_NUM_THREADS", "3", 1);
+  const int asked = attnkit::detail::default_thread_count();
+  ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
+  if (env != nullptr) {
+    setenv("ATTNKIT_NUM_THREADS", saved.c_str(), 1);
+  } else {
+    unsetenv("ATTNKIT_NUM_THREADS");
+  }
+  EXPECT_EQ(all, CPU_COUNT(&before));
+  EXPECT_EQ(pinned, 1);
+  EXPECT_EQ(asked, 3);
+}
+#endif
 
 TEST(ThreadPool, EveryIndexRunsOnce) {
   for (int threads : {1, 2, 3, 4, 8}) {
