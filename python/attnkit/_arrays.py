@@ -465,6 +465,16 @@ def _empty_with_view(ref: Any, ref_view: Any, shape: tuple[int, ...], dtype: str
     return out, raw_view(out, name, writable=True)
 
 
+def refuse_jax_tracer(a: Any, name: str) -> None:
+    """TypeError for a JAX tracer (a value inside jax.jit, vmap or grad), which holds no data
+    yet, before any other check reads it as an array."""
+    if "Tracer" in type(a).__name__ and is_jax(a):
+        raise TypeError(f"topk: {name} is a JAX tracer ({type(a).__name__}): inside jax.jit, "
+                        "jax.vmap or jax.grad its values do not exist yet, and attnkit.topk "
+                        "reads concrete arrays; call it outside the transformation, or "
+                        "through jax.pure_callback")
+
+
 def is_jax(a: Any) -> bool:
     """Whether `a` is a JAX array (read through DLPack, returned through jax.numpy)."""
     return type(a).__module__.split(".")[0] in ("jax", "jaxlib")

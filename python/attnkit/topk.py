@@ -389,6 +389,12 @@ def topk(
                          "written only when returned: pass return_values=True or leave "
                          "out_values out")
     is_torch = _arrays.is_torch
+    for name, a in (("x", x), ("begin", begin), ("end", end), ("index_offset", index_offset),
+                    ("out_values", out_values), ("out_indices", out_indices)):
+        # Cheap tests first (every call pays them; torch.compile traces them too).
+        if (a is not None and type(a) is not np.ndarray and not is_torch(a)
+                and "Tracer" in type(a).__name__):
+            _arrays.refuse_jax_tracer(a, name)
     buffers_given = out_values is not None or out_indices is not None
     # A bare DLPack argument is read or written as it exports itself: shape or dtype attributes
     # that say otherwise are refused by its name (as for x), not quoted in other errors.

@@ -991,6 +991,26 @@ def test_jax_arrays_are_refused_as_outputs(stand_in_jax, arg):
     assert (buf == -7).all()
 
 
+class DynamicJaxprTracer:
+    """A value inside jax.jit as attnkit sees one: a DLPack method on the class, no device."""
+
+    __module__ = "jax._src.interpreters.partial_eval"
+
+    def __dlpack__(self, **kwargs):
+        raise RuntimeError("a tracer has no buffer")
+
+
+@pytest.mark.parametrize("arg", ["x", "begin", "end", "index_offset", "out_values",
+                                 "out_indices"])
+def test_jax_tracers_are_refused_by_name(arg):
+    # Before any other check reads them as arrays (inside jax.jit a value has no data yet).
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    args = {"x": DynamicJaxprTracer()} if arg == "x" else {"x": x, arg: DynamicJaxprTracer()}
+    with pytest.raises(TypeError, match=rf"topk: {arg} is a JAX tracer \(DynamicJaxprTracer\): "
+                                        r"inside jax.jit"):
+        attnkit.topk(k=2, **args)
+
+
 class _RaisingAttributes(_Relay):
     """A producer whose shape and dtype properties raise: read through its export alone."""
 
