@@ -27,6 +27,7 @@
 
 #include "common/topk_keys.hpp"
 #include "cuda/topk/kernels/topk_filter.cuh"
+#include "cuda/topk/kernels/topk_short.cuh"
 #include "cuda/topk/topk_params.cuh"
 
 namespace attnkit::detail::cuda {
@@ -172,8 +173,10 @@ __device__ __forceinline__ void warp_rows_words(const uint4& data, int valid, st
     w[2 * q] = (pair << 16) | (col + 2 * q);
     w[2 * q + 1] = (pair & 0xFFFF0000u) | (col + 2 * q + 1);
   }
+  if (valid < 8) {  // the row's last vector only: no selects on the others
 #pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = i < valid ? w[i] : 0u;
+    for (int i = 0; i < 8; ++i) w[i] = i < valid ? w[i] : 0u;
+  }
 }
 
 /// One warp per row (see the file comment). Dynamic shared memory: kWarpRowsWarps x
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32, kWarpRowsMinBlocks)
         std::uint32_t bound = threshold << 16;
         std::uint32_t hits = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) hits += w[i] >= bound;
+        for (int i = 0; i < 8; ++i) hits = count_at_least(hits, w[i], bound);
         if (__ballot_sync(kFullMask, hits != 0) == 0) continue;
         std::uint32_t upto = warp_inclusive_sum(hits, lane);
         std::uint32_t total = __shfl_sync(kFullMask, upto, 31);
@@ -264,7 +267,7 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32, kWarpRowsMinBlocks)
           bound = threshold << 16;
           hits = 0;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) hits += w[i] >= bound;
+          for (int i = 0; i < 8; ++i) hits = count_at_least(hits, w[i], bound);
           upto = warp_inclusive_sum(hits, lane);
           total = __shfl_sync(kFullMask, upto, 31);
         }
