@@ -468,6 +468,8 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
                                (plan.rows.survivor_slots + kWarpRowsHistBins);
       launch(topk_warp_rows_kernel<Traits>, (plan.batch + kWarpRowsWarps - 1) / kWarpRowsWarps,
              kWarpRowsWarps * 32, smem, stream, p, "topk_warp_rows_kernel");
+    } else {
+      throw Error(ErrorCode::kInternal, "cuda topk: the warp-rows path planned for 32-bit rows");
     }
     return;
   }

@@ -35,8 +35,9 @@ namespace attnkit::detail::cuda {
 constexpr int kWarpRowsWarps = 4;       // rows (warps) a CTA
 constexpr int kWarpRowsHistBins = 256;  // a warp's radix histogram: 8-bit digits
 constexpr int kWarpRowsUnroll = 4;      // 16-byte loads a lane has in flight
-// CTAs an SM the registers must allow: 72 registers, no spills (ptxas's own choice for these
-// CTAs, 64 registers, spilled the loads in flight).
+// CTAs an SM the registers must allow: 72 registers on sm_80 and sm_90a (79 on sm_86 and
+// sm_89), no spills (ptxas's own choice for these CTAs, 64 registers, spilled the loads in
+// flight).
 constexpr int kWarpRowsMinBlocks = 6;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
@@ -136,6 +137,7 @@ __device__ inline std::uint32_t warp_compact(std::uint32_t* list, std::uint32_t 
   for (std::uint32_t base = 0; base < n; base += 32) {
     const std::uint32_t j = base + static_cast<std::uint32_t>(lane);
     const std::uint32_t w = j < n ? list[j] : 0u;  // score 0 is never listed
+    __syncwarp();  // every lane's read before any lane's write below (a vote orders no memory)
     const std::uint32_t s = w >> 16;
     const bool is_equal = s == kth.score;
     const unsigned equal = __ballot_sync(kFullMask, is_equal);
