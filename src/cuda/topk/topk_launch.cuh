@@ -165,6 +165,14 @@ inline std::uint32_t next_pow2_host(std::uint32_t v) {
   return p;
 }
 
+/// Words of a warp's list in topk_warp_rows_kernel (its survivor_slots): the best k rounded up
+/// to a power of two, and room for appends, at least one step's (256, so that a cut to k
+/// always leaves room) and at most 1024 (k = 2048 takes 52 KB a CTA, four CTAs an SM).
+inline std::uint32_t warp_rows_capacity(std::uint32_t k_select) {
+  const std::uint32_t p = next_pow2_host(k_select);
+  return p + std::clamp<std::uint32_t>(p, 256, 1024);
+}
+
 /// Slack (newcomers gathered before a select) follows k, since a select costs O(k + slack)
 /// and comes every `slack` admissions; it shrinks only when shared memory runs out. A slack
 /// of max(k, 256) measured 5-18 % faster than max(2k, 2048) on long rows with k <= 512 (the

@@ -41,15 +41,6 @@ constexpr int kWarpRowsUnroll = 4;      // 16-byte loads a lane has in flight
 constexpr int kWarpRowsMinBlocks = 6;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-/// Words of a warp's list, the host's survivor_slots: its best k (rounded up to a power of
-/// two) and room for appends, at least one step's (256, so that a cut to k always leaves
-/// room) and at most 1024 (k = 2048 takes 52 KB a CTA, four CTAs an SM).
-__host__ __device__ constexpr std::uint32_t warp_rows_capacity(std::uint32_t k_select) {
-  std::uint32_t p = 1;
-  while (p < k_select) p *= 2;
-  return p + (p < 256 ? 256 : (p > 1024 ? 1024 : p));
-}
-
 __device__ __forceinline__ std::uint32_t warp_sum(std::uint32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   return __reduce_add_sync(kFullMask, v);
@@ -58,15 +49,6 @@ __device__ __forceinline__ std::uint32_t warp_sum(std::uint32_t v) {
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
 #endif
-}
-
-__device__ __forceinline__ std::uint32_t warp_inclusive_sum(std::uint32_t v, int lane) {
-#pragma unroll
-  for (int o = 1; o < 32; o *= 2) {
-    const std::uint32_t u = __shfl_up_sync(kFullMask, v, o);
-    if (lane >= o) v += u;
-  }
-  return v;
 }
 
 /// The k-th best score of a list and how many of the entries equal to it are kept (the first
@@ -102,7 +84,7 @@ __device__ inline WarpKth warp_kth(const std::uint32_t* list, std::uint32_t n, s
       c[i] = hist[top - i];
       count += c[i];
     }
-    const std::uint32_t upto = warp_inclusive_sum(count, lane);
+    const std::uint32_t upto = warp_inclusive_sum(count);
     std::uint32_t above = upto - count;
     const unsigned owner = __ballot_sync(kFullMask, above < need && need <= upto);
     const int src = __ffs(static_cast<int>(owner)) - 1;
@@ -260,7 +242,7 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32, kWarpRowsMinBlocks)
 #pragma unroll
         for (int i = 0; i < 8; ++i) hits = count_at_least(hits, w[i], bound);
         if (__ballot_sync(kFullMask, hits != 0) == 0) continue;
-        std::uint32_t upto = warp_inclusive_sum(hits, lane);
+        std::uint32_t upto = warp_inclusive_sum(hits);
         std::uint32_t total = __shfl_sync(kFullMask, upto, 31);
         if (n + total > capacity) {  // uniform; then n > capacity - 256 >= k
           const WarpKth kth = warp_kth(list, n, k, hist, lane);
@@ -270,7 +252,7 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32, kWarpRowsMinBlocks)
           hits = 0;
 #pragma unroll
           for (int i = 0; i < 8; ++i) hits = count_at_least(hits, w[i], bound);
-          upto = warp_inclusive_sum(hits, lane);
+          upto = warp_inclusive_sum(hits);
           total = __shfl_sync(kFullMask, upto, 31);
         }
         std::uint32_t at = n + upto - hits;
