@@ -164,8 +164,9 @@ __device__ __forceinline__ void warp_rows_words(const uint4& data, int valid, st
 }
 
 /// One warp per row (see the file comment). Dynamic shared memory: kWarpRowsWarps x
-/// (p.survivor_slots + kWarpRowsHistBins) words. Uses no block barrier: a warp past the last
-/// row returns at once.
+/// (p.survivor_slots + kWarpRowsHistBins) words, a warp's list being p.survivor_slots words, at
+/// least k_select + 256 (warp_rows_capacity, topk_launch.cuh). Uses no block barrier: a warp
+/// past the last row returns at once.
 template <class Traits>
 __global__ void __launch_bounds__(kWarpRowsWarps * 32, kWarpRowsMinBlocks)
     topk_warp_rows_kernel(const TopkKernelParams p) {
