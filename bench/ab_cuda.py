@@ -11,8 +11,8 @@ percent is then told from noise by the per-seed ratios, not by one run's means.
 One binary may run as two builds that differ in the environment only (``--env``, e.g. a
 kernel chosen by ``ATTNKIT_CUDA_TOPK_PATH``):
 
-    python3 bench/ab_cuda.py --build short=B --build warp=B \\
-        --env warp:ATTNKIT_CUDA_TOPK_PATH=warp -- --reps 10 bf16:4096:8192:512
+    python3 bench/ab_cuda.py --build auto=B --build filter=B \\
+        --env filter:ATTNKIT_CUDA_TOPK_PATH=filter -- --reps 10 bf16:8:131072:512
 
 Everything after ``--`` goes to every build's command line, with ``--seed S`` added. The
 summary gives, for each case, each build's mean time over the seeds every build timed it on

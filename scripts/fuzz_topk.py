@@ -898,7 +898,7 @@ def main():
     ap.add_argument("--threads", type=int, default=None,
                     help="attnkit and torch CPU threads (default: leave as is)")
     ap.add_argument("--verbose", action="store_true", help="print every case's parameters")
-    ap.add_argument("--cuda-path", choices=["auto", "cluster", "filter", "warp"], default=None,
+    ap.add_argument("--cuda-path", choices=["auto", "cluster", "filter"], default=None,
                     help="sets ATTNKIT_CUDA_TOPK_PATH before the first CUDA call")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -89,9 +89,6 @@ if [ "$MODE" != bench ] && [ "$SANITIZE" != racecheck ]; then
     # kernel's slices and their merge kernel too, as on GPUs before sm_90.
     step "C++ CUDA tests (filter path)" "$TEST_LOG" env ATTNKIT_CUDA_TOPK_PATH=filter \
       "$TESTS" --gtest_brief=1
-    # And with the experimental warp-rows kernel on the 16-bit short rows it takes.
-    step "C++ CUDA tests (warp path)" "$TEST_LOG" env ATTNKIT_CUDA_TOPK_PATH=warp \
-      "$TESTS" --gtest_brief=1
   fi
   step "Python CUDA tests" "$TEST_LOG" python3 -m pytest tests/python_cuda -q -p no:cacheprovider -x
   if [ "$MODE" != quick ]; then
@@ -100,10 +97,6 @@ if [ "$MODE" != bench ] && [ "$SANITIZE" != racecheck ]; then
       python3 scripts/fuzz_topk.py --seconds "${FUZZ_SECONDS:-60}" --seed "${FUZZ_SEED:-1}"
     # The case count and outcomes, in the summary too, which always comes back.
     sed -n '/^summary: /,$p' "$TEST_LOG" | sed -n '1,3p' >> "$SUMMARY"
-    # And a third of that on the experimental warp-rows path.
-    step "fuzz, warp path" "$TEST_LOG" python3 scripts/fuzz_topk.py --cuda-path warp \
-      --seconds "$(( (${FUZZ_SECONDS:-60} + 2) / 3 ))" --seed "${FUZZ_SEED:-1}"
-    grep '^summary: ' "$TEST_LOG" | tail -1 >> "$SUMMARY"
   fi
 fi
 if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
@@ -115,9 +108,6 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
     step "compute-sanitizer memcheck (cluster path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=cluster \
       compute-sanitizer --tool memcheck --error-exitcode 3 \
       "$TESTS" --gtest_filter='*Small*' --gtest_brief=1
-    step "compute-sanitizer memcheck (warp path)" "$SAN_LOG" env ATTNKIT_CUDA_TOPK_PATH=warp \
-      compute-sanitizer --tool memcheck --error-exitcode 3 \
-      "$TESTS" --gtest_filter='*SmallShort*:*SmallDistributions:*SmallEveryOption' --gtest_brief=1
   fi
   if [ "$SANITIZE" != memcheck ]; then
     race_filter='*SmallDistributions*:*SmallKBeyond*:*SmallGraph*:*SmallArgmax*'
@@ -129,10 +119,6 @@ if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && [ -n "$TESTS" ]; then
       env ATTNKIT_CUDA_TOPK_PATH=cluster \
       compute-sanitizer --tool racecheck --error-exitcode 3 \
       "$TESTS" --gtest_filter='*SmallDistributions:*SmallGraph*' --gtest_brief=1
-    step "compute-sanitizer racecheck (warp path)" "$SAN_LOG" \
-      env ATTNKIT_CUDA_TOPK_PATH=warp \
-      compute-sanitizer --tool racecheck --error-exitcode 3 \
-      "$TESTS" --gtest_filter='*SmallDistributions:*SmallShortRowsCausal' --gtest_brief=1
   fi
 fi
 

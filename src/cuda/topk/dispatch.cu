@@ -158,28 +158,17 @@ bool dependent_merges(const TopkProblem& p) {
 
 /// ATTNKIT_CUDA_TOPK_PATH, read once: "cluster" prefers the cluster kernel wherever it can
 /// run (rows of up to 16 * 16384 columns, one CTA per row for rows of up to 8192), "filter"
-/// never takes it, "warp" takes the warp-rows kernel wherever it can run (use_warp_rows) and
-/// routes the rest as "auto", anything else (the default, "auto") takes the cluster kernel where
-/// it measured fastest and never the warp-rows kernel, which is not yet measured.
-enum class PathChoice { kAuto, kCluster, kFilter, kWarp };
+/// never takes it, anything else (the default, "auto") takes it where it measured fastest.
+enum class PathChoice { kAuto, kCluster, kFilter };
 
 PathChoice path_choice() {
   static const PathChoice choice = [] {
     const char* v = std::getenv("ATTNKIT_CUDA_TOPK_PATH");
     if (v != nullptr && std::strcmp(v, "cluster") == 0) return PathChoice::kCluster;
     if (v != nullptr && std::strcmp(v, "filter") == 0) return PathChoice::kFilter;
-    if (v != nullptr && std::strcmp(v, "warp") == 0) return PathChoice::kWarp;
     return PathChoice::kAuto;
   }();
   return choice;
-}
-
-/// Whether the rows go to the warp-rows kernel (topk_warp.cuh; k >= 2, checked by the caller):
-/// 16-bit rows of up to kShortMaxLen columns, k up to kWarpRowsMaxK, any order but "value".
-bool use_warp_rows(const TopkProblem& p, std::uint32_t k_select) {
-  return path_choice() == PathChoice::kWarp && p.dtype != DType::kFloat32 &&
-         p.row_len <= cuda::kShortMaxLen && k_select <= cuda::kWarpRowsMaxK &&
-         p.order != TopkOrder::kValue;
 }
 
 /// Whether the rows go to the cluster kernel (k >= 2 and k <= kMaxFilterK, checked by the
@@ -297,9 +286,6 @@ Launch make_launch(const TopkProblem& p) {
     const std::int64_t want = 4 * static_cast<std::int64_t>(sms) / p.batch;
     const std::int64_t by_length = p.row_len / cuda::kArgmaxMinSlice;
     plan.slices = static_cast<int>(std::clamp<std::int64_t>(std::min(want, by_length), 1, 64));
-  } else if (use_warp_rows(p, k)) {
-    plan.path = TopkPath::kWarp;
-    plan.rows.survivor_slots = cuda::warp_rows_capacity(k);  // a warp's list, in words
   } else if (use_cluster_kernel(p, sms, plan.cluster_ctas, plan.cluster_threads)) {
     // Rows in the registers of one cluster: one sampled threshold, one select, no rounds.
     plan.path = TopkPath::kCluster;
@@ -398,7 +384,6 @@ Launch make_launch(const TopkProblem& p) {
 TopkKernelParams make_params(const TopkProblem& p, const Launch& l, char* ws) {
   TopkKernelParams k{};
   k.x = p.x;
-  k.batch = p.batch;
   k.row_len = p.row_len;
   k.row_stride = p.row_stride;
   k.begin = p.begin.data;
@@ -501,7 +486,6 @@ NanPosition cuda_topk(const TopkProblem& p, void* workspace, std::size_t workspa
                : l.plan.path == TopkPath::kShort  ? "short"
                : l.plan.path == TopkPath::kCluster ? "cluster"
                : l.plan.path == TopkPath::kNanScan ? "nan-scan"
-               : l.plan.path == TopkPath::kWarp    ? "warp"
                                                   : "filter",
                l.plan.policy == RowsPolicy::kNarrow            ? "narrow"
                : l.plan.policy == RowsPolicy::kNarrowHalfRound ? "narrow-half-round"

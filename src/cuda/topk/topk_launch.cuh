@@ -20,7 +20,6 @@
 #include "cuda/topk/kernels/topk_nan_scan.cuh"
 #include "cuda/topk/kernels/topk_radix.cuh"
 #include "cuda/topk/kernels/topk_short.cuh"
-#include "cuda/topk/kernels/topk_warp.cuh"
 #include "cuda/topk/topk_params.cuh"
 
 namespace attnkit::detail::cuda {
@@ -93,8 +92,6 @@ using detail::kShortThreads;
 using detail::kWideClusterThreads;
 // Largest k the filter kernels take.
 constexpr std::uint32_t kMaxFilterK = 4096;
-// Largest k the warp-rows kernel takes: four warps' lists of 3072 + 256 words, 52 KB a CTA.
-constexpr std::uint32_t kWarpRowsMaxK = 2048;
 // Newcomer slots a filter kernel's plan holds at least with sorted="value": the finished list's
 // sort counts digits in the newcomer list (two words a slot), 256 words a warp of 512 threads.
 constexpr std::uint32_t kSortNewcomerSlots = sort_count_words<512>() / 2;
@@ -165,14 +162,6 @@ inline std::uint32_t next_pow2_host(std::uint32_t v) {
   return p;
 }
 
-/// Words of a warp's list in topk_warp_rows_kernel (its survivor_slots): the best k rounded up
-/// to a power of two, and room for appends, at least one step's (256, so that a cut to k
-/// always leaves room) and at most 1024 (k = 2048 takes 52 KB a CTA, four CTAs an SM).
-inline std::uint32_t warp_rows_capacity(std::uint32_t k_select) {
-  const std::uint32_t p = next_pow2_host(k_select);
-  return p + std::clamp<std::uint32_t>(p, 256, 1024);
-}
-
 /// Slack (newcomers gathered before a select) follows k, since a select costs O(k + slack)
 /// and comes every `slack` admissions; it shrinks only when shared memory runs out. A slack
 /// of max(k, 256) measured 5-18 % faster than max(2k, 2048) on long rows with k <= 512 (the
@@ -215,7 +204,7 @@ inline BufferPlan buffer_plan(std::uint32_t k, std::uint32_t round, std::size_t 
 // Plan
 // ---------------------------------------------------------------------------------------------
 
-enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster, kNanScan, kWarp };
+enum class TopkPath { kFilter, kRadix, kArgmax, kShort, kCluster, kNanScan };
 
 /// The rows kernel's policy.
 enum class RowsPolicy { kWide, kNarrow, kNarrowHalfRound, kTriple };
@@ -467,18 +456,6 @@ void launch_topk(const TopkPlan& plan, const TopkKernelParams& params, cudaStrea
   if (plan.path == TopkPath::kNanScan) {
     launch(topk_nan_scan_kernel<Traits, kNanScanThreads>, plan.batch, kNanScanThreads, 0, stream,
            p, "topk_nan_scan_kernel");
-    return;
-  }
-  if (plan.path == TopkPath::kWarp) {
-    if constexpr (Traits::kBits == 16) {  // the plan takes 16-bit rows only (use_warp_rows)
-      p.survivor_slots = plan.rows.survivor_slots;
-      const std::size_t smem = std::size_t{4} * kWarpRowsWarps *
-                               (plan.rows.survivor_slots + kWarpRowsHistBins);
-      launch(topk_warp_rows_kernel<Traits>, (plan.batch + kWarpRowsWarps - 1) / kWarpRowsWarps,
-             kWarpRowsWarps * 32, smem, stream, p, "topk_warp_rows_kernel");
-    } else {
-      throw Error(ErrorCode::kInternal, "cuda topk: the warp-rows path planned for 32-bit rows");
-    }
     return;
   }
   if (plan.path == TopkPath::kShort) {

@@ -80,8 +80,6 @@ struct TopkKernelParams {
   // Only for topk_nan_scan_kernel run to locate a NaN once nan_flag was set: lowered to
   // row << 32 | column of each NaN seen, so that it ends at the first in row-major order.
   unsigned long long* nan_at;
-
-  std::int64_t batch;  // rows (the warp-rows kernel covers them kWarpRowsWarps a CTA)
 };
 
 }  // namespace attnkit::detail::cuda
